@@ -1,0 +1,101 @@
+//===- Passes.td - stablehlo-amp pass declarations ------------------------===//
+
+#ifndef STABLEHLO_AMP_PASSES_TD
+#define STABLEHLO_AMP_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
+  let summary = "Paints every float value of a StableHLO module with a precision "
+                "and inserts converts where precision changes.";
+  let description = [{
+    Decides, for the whole module, which operations compute in the policy's
+    compute dtype and which stay in f32, then converts values only where they
+    cross from one precision to the other, each value at most once per target
+    type.
+
+    Operation classes (after TF grappler's auto_mixed_precision and PyTorch
+    autocast):
+    - *allow*: `dot_general`, `convolution`: compute-dtype operands, f32
+      accumulation (the result stays f32 unless `dot-result=compute`);
+    - *deny*: `exponential`, `log`, `log_plus_one`, `exponential_minus_one`,
+      `power`, `rsqrt`, `sqrt`, sum and product reductions (`reduce`,
+      `reduce_window`, `scatter` with an add or multiply body), batch norm,
+      linear algebra: always f32, and at level O2 the elementwise ops that
+      consume their results stay f32 too (softmax, norm statistics);
+    - *infer*: elementwise arithmetic: low precision when its inputs are, and
+      at level O2 when it lies between two allow operations;
+    - *clear*: data movement, compare, select, max/min reductions: follows its
+      neighbours, never forces a convert;
+    - everything else (custom calls, unknown ops, sort, rng, integer, boolean
+      and complex values) keeps its exact types.
+
+    Function arguments of public functions take the param dtype and their
+    results the output dtype. Control flow (`while`, `if`, `case`, calls)
+    keeps its interface types and is painted inside; reduction bodies follow
+    their operation. Float constants are re-encoded, not converted.
+
+    On the `cpu` target every lowered `dot_general` is rewritten to the
+    NT-canonical form XLA:CPU executes natively (`[B, M, K] x [B, N, K]`), and
+    convolutions stay f32 (XLA:CPU has no low-precision convolution kernel).
+
+    Before:
+    ```mlir
+    func.func @main(%w: tensor<8x8xf32>, %x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+      %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+      %1 = stablehlo.exponential %0 : tensor<4x8xf32>
+      return %1 : tensor<4x8xf32>
+    }
+    ```
+    After `amp-insert-converts{policy=p=f32,c=bf16,o=f32 target=gpu}`:
+    ```mlir
+    func.func @main(%w: tensor<8x8xf32>, %x: tensor<4x8xf32>) -> tensor<4x8xf32> {
+      %0 = stablehlo.convert %w : (tensor<8x8xf32>) -> tensor<8x8xbf16>
+      %1 = stablehlo.convert %x : (tensor<4x8xf32>) -> tensor<4x8xbf16>
+      %2 = stablehlo.dot_general %1, %0, contracting_dims = [1] x [0] : (tensor<4x8xbf16>, tensor<8x8xbf16>) -> tensor<4x8xf32>
+      %3 = stablehlo.exponential %2 : tensor<4x8xf32>
+      return %3 : tensor<4x8xf32>
+    }
+    ```
+  }];
+  let options = [
+    Option<"policy", "policy", "std::string", "\"p=f32,c=bf16,o=f32\"",
+           "Precision policy: p=PARAM,c=COMPUTE,o=OUTPUT (jmp grammar)">,
+    Option<"level", "level", "std::string", "\"O2\"",
+           "O0 (no change), O1 (allow ops only), O2 (painting), O3 (all float ops)">,
+    Option<"target", "target", "std::string", "\"gpu\"",
+           "Backend the module runs on: cpu, gpu or tpu">,
+    Option<"dotResult", "dot-result", "std::string", "\"f32\"",
+           "Result dtype of lowered dot_general/convolution: f32 or compute">,
+    ListOption<"keepF32", "keep-f32", "std::string",
+               "Op names forced to stay f32 (e.g. stablehlo.tanh or tanh)">,
+    ListOption<"forceCompute", "force-compute", "std::string",
+               "Op names forced into the compute dtype">,
+    Option<"annotate", "annotate", "bool", "false",
+           "Attach the decision for each op as an `amp.precision` attribute">,
+  ];
+}
+
+def AmpSimplifyConvertsPass : Pass<"amp-simplify-converts", "::mlir::ModuleOp"> {
+  let summary = "Removes converts that change nothing or round-trip exactly.";
+  let description = [{
+    Folds `convert(x : T) -> T`, an exact round trip `convert(convert(x : A) -> B) -> A`
+    when B holds every value of A (bf16 -> f32 -> bf16), and merges duplicate
+    converts of one value to one type. A conversion that can lose information
+    (f32 -> bf16 -> f32) is never removed.
+
+    Before:
+    ```mlir
+    %0 = stablehlo.convert %x : (tensor<4xbf16>) -> tensor<4xf32>
+    %1 = stablehlo.convert %0 : (tensor<4xf32>) -> tensor<4xbf16>
+    %2 = stablehlo.convert %1 : tensor<4xbf16>
+    ```
+    After:
+    ```mlir
+    %0 = stablehlo.convert %x : (tensor<4xbf16>) -> tensor<4xf32>   // kept if used elsewhere
+    // uses of %1 and %2 now use %x
+    ```
+  }];
+}
+
+#endif // STABLEHLO_AMP_PASSES_TD

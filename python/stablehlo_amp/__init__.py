@@ -1,0 +1,33 @@
+"""stablehlo-amp: automatic mixed precision as a compiler pass over StableHLO.
+
+>>> import stablehlo_amp as amp
+>>> str(amp.Policy.parse("p=f32,c=bf16"))
+'p=f32,c=bf16,o=bf16'
+"""
+
+from stablehlo_amp._src.pipeline import (AmpError, InvalidIRError,
+                                         RewriteError, RewriteResult,
+                                         VerificationError, rewrite,
+                                         rewrite_module)
+from stablehlo_amp._src.policy import Policy
+from stablehlo_amp._src.report import OpDecision, Report
+
+__all__ = [
+    "AmpError",
+    "InvalidIRError",
+    "OpDecision",
+    "Policy",
+    "Report",
+    "RewriteError",
+    "RewriteResult",
+    "VerificationError",
+    "rewrite",
+    "plugin_path",
+    "rewrite_module",
+]
+
+
+def plugin_path() -> str:
+  """Path of the pass plugin for `mlir-opt --load-pass-plugin=...`."""
+  import importlib.resources
+  return str(importlib.resources.files(__name__) / "AmpPassPlugin.so")
