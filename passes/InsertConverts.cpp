@@ -394,7 +394,8 @@ Type InsertConvertsPass::newTypeOf(Value value) {
   if (auto arg = dyn_cast<BlockArgument>(value)) {
     Operation *owner = arg.getOwner()->getParentOp();
     if (auto func = dyn_cast<func::FuncOp>(owner))
-      return func.isPublic() && arg.getOwner()->isEntryBlock()
+      return func.isPublic() && arg.getOwner()->isEntryBlock() &&
+                     !func.getArgAttr(arg.getArgNumber(), shlo::kKeepDtypeAttr)
                  ? shlo::withElementType(type, paramType)
                  : type;
     // Block arguments of a reduction body follow the reduction.
@@ -539,10 +540,12 @@ LogicalResult InsertConvertsPass::rewrite(ModuleOp module) {
   for (auto func : module.getOps<func::FuncOp>()) {
     if (func.isExternal())
       continue;
+    for (unsigned i = 0, e = func.getNumArguments(); i < e; ++i)
+      func.removeArgAttr(i, shlo::kKeepDtypeAttr);
     Operation *terminator = func.getBody().back().getTerminator();
-    func.setFunctionType(FunctionType::get(func.getContext(),
-                                           func.getArgumentTypes(),
-                                           terminator->getOperandTypes()));
+    func.setFunctionType(
+        FunctionType::get(func.getContext(), func.front().getArgumentTypes(),
+                          terminator->getOperandTypes()));
   }
 
   if (parsedTarget == Target::Cpu && computeType.isBF16() && !lowDotResult)

@@ -30,8 +30,9 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
     - everything else (custom calls, unknown ops, sort, rng, integer, boolean
       and complex values) keeps its exact types.
 
-    Function arguments of public functions take the param dtype and their
-    results the output dtype. Control flow (`while`, `if`, `case`, calls)
+    Float arguments of public functions take the param dtype (except those
+    marked with the argument attribute `amp.keep_dtype`, which the pass
+    removes) and their float results the output dtype. Control flow (`while`, `if`, `case`, calls)
     keeps its interface types and is painted inside; reduction bodies follow
     their operation. Float constants are re-encoded, not converted.
 

@@ -24,6 +24,9 @@ namespace mlir::amp::shlo {
 /// `annotate=true`) the precision decision taken for each op.
 inline constexpr llvm::StringLiteral kInsertedAttr = "amp.inserted";
 inline constexpr llvm::StringLiteral kPrecisionAttr = "amp.precision";
+/// An argument attribute: this argument of a public function keeps its dtype
+/// (it is not a parameter). Removed by amp-insert-converts.
+inline constexpr llvm::StringLiteral kKeepDtypeAttr = "amp.keep_dtype";
 
 /// How an op takes part in mixed precision (see Passes.td).
 enum class OpClass {

@@ -71,6 +71,8 @@ runPipeline(const std::string &text, const std::string &pipeline,
   MLIRContext context(registry, MLIRContext::Threading::DISABLED);
   context.allowUnregisteredDialects();
   context.loadAllAvailableDialects();
+  // Diagnostics carry locations; a dump of the whole op would bury them.
+  context.printOpOnDiagnostic(false);
   std::vector<std::string> diagnostics;
   bool failedAny = false;
   ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diag) {

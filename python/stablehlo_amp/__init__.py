@@ -11,19 +11,24 @@ from stablehlo_amp._src.pipeline import (AmpError, InvalidIRError,
                                          rewrite_module)
 from stablehlo_amp._src.policy import Policy
 from stablehlo_amp._src.report import OpDecision, Report
+from stablehlo_amp._src.transform import Lowered, Timings, Transformed, transform
 
 __all__ = [
     "AmpError",
     "InvalidIRError",
+    "Lowered",
     "OpDecision",
     "Policy",
     "Report",
     "RewriteError",
     "RewriteResult",
+    "Timings",
+    "Transformed",
     "VerificationError",
     "rewrite",
     "plugin_path",
     "rewrite_module",
+    "transform",
 ]
 
 

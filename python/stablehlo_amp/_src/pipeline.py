@@ -166,13 +166,45 @@ def run_pipeline(module: ir.Module, pipeline: str, *, context: ir.Context,
   return RewriteResult(rewritten, report, pipeline)
 
 
+def mark_kept_arguments(module: ir.Module, keep: Iterable[int]) -> None:
+  """Marks arguments of the public `main` that are not parameters, so the
+  pass keeps their dtype instead of applying `p=`."""
+  keep = set(keep)
+  if not keep:
+    return
+  for op in module.body.operations:
+    if (op.operation.name == "func.func" and
+        ir.StringAttr(op.attributes["sym_name"]).value == "main"):
+      main = op
+      break
+  else:
+    raise RewriteError("module has no main function to mark arguments of")
+  count = len(ir.FunctionType(
+      ir.TypeAttr(main.attributes["function_type"]).value).inputs)
+  old = (ir.ArrayAttr(main.attributes["arg_attrs"])
+         if "arg_attrs" in main.attributes else None)
+  new = []
+  for i in range(count):
+    entries = {}
+    if old is not None:
+      attrs = ir.DictAttr(old[i])
+      entries = {attrs[j].name: attrs[j].attr for j in range(len(attrs))}
+    if i in keep:
+      entries["amp.keep_dtype"] = ir.UnitAttr.get()
+    new.append(ir.DictAttr.get(entries))
+  main.attributes["arg_attrs"] = ir.ArrayAttr.get(new)
+
+
 def rewrite_module(source: str | bytes | ir.Module, policy: Policy | str, *,
                    level: str = "O2", target: str | None = None,
                    dot_result: str = "f32", keep_f32: Iterable[str] = (),
                    force_compute: Iterable[str] = (), report: bool = True,
                    source_name: str = "<module>",
                    context: ir.Context | None = None) -> RewriteResult:
-  """Rewrites a StableHLO module to `policy`; see `stablehlo_amp.rewrite`."""
+  """Rewrites a StableHLO module to `policy`; see `stablehlo_amp.rewrite`.
+
+  `source` may be text, bytecode or a jaxlib `ir.Module` (which must live in
+  `context`)."""
   policy = as_policy(policy)
   level = check_level(level)
   target = _check_choice("target", target or default_target(), TARGETS)
