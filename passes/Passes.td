@@ -99,4 +99,79 @@ def AmpSimplifyConvertsPass : Pass<"amp-simplify-converts", "::mlir::ModuleOp"> 
   }];
 }
 
+def AmpLossScalePass : Pass<"amp-loss-scale", "::mlir::ModuleOp"> {
+  let summary = "Fuses loss scaling, gradient unscaling, the overflow check "
+                "and the dynamic scale update into a training-step module.";
+  let description = [{
+    Works on the public function `main` of a training step built with the
+    loss cotangent seed as an argument (`jax.vjp(loss, params)` then
+    `vjp(seed)`):
+    - the seed argument (marked `amp.loss_seed`, or `seed-arg=N`) is
+      multiplied by a new f32 scalar argument, the loss scale, so scaling
+      enters the backward pass exactly where autodiff starts;
+    - each gradient (the operands of a `stablehlo.custom_call
+      @stablehlo_amp.gradients`, which is removed, or results marked
+      `amp.gradient` or named by `gradient-results`) is multiplied once by the
+      reciprocal of the scale, in f32;
+    - `is_finite` of every unscaled gradient is reduced with AND into one
+      predicate, appended as a result (`amp.grads_finite`);
+    - results holding the new value of an argument (marked
+      `amp.state_of = N`, or `state-results=R:N`) become
+      `select(finite, new, old)`, so an overflowed step changes nothing;
+    - with `mode=dynamic` a second new argument, the counter of finite steps
+      (i32), drives the update: on overflow
+      `scale = max(min-scale, scale * backoff-factor)` and the counter resets;
+      after `growth-interval` finite steps the scale grows by `growth-factor`
+      unless that overflows f32 or passes `max-scale`; the new scale and
+      counter are appended as results (`amp.loss_scale`,
+      `amp.loss_scale_counter`).
+    `mode=static` scales by the given argument without updating it;
+    `mode=none` adds no scale argument and only checks and skips.
+
+    Before:
+    ```mlir
+    func.func @main(%w: tensor<8xf32>, %seed: tensor<f32> {amp.loss_seed})
+        -> (tensor<8xf32> {amp.gradient}) {
+      %g = stablehlo.multiply %w, %seed_broadcast : tensor<8xf32>
+      return %g : tensor<8xf32>
+    }
+    ```
+    After `amp-loss-scale{mode=dynamic}` (sketch):
+    ```mlir
+    func.func @main(%w: tensor<8xf32>, %seed: tensor<f32>, %scale: tensor<f32>,
+                    %counter: tensor<i32>)
+        -> (tensor<8xf32>, tensor<i1>, tensor<f32>, tensor<i32>) {
+      %scaled_seed = stablehlo.multiply %seed, %scale : tensor<f32>
+      ...                                   // backward pass on %scaled_seed
+      %inv = stablehlo.divide %one, %scale : tensor<f32>
+      %g_unscaled = stablehlo.multiply %g, %inv_broadcast : tensor<8xf32>
+      %finite = stablehlo.reduce(%is_finite ...) applies stablehlo.and ...
+      ...                                   // new scale and counter
+      return %g_unscaled, %finite, %new_scale, %new_counter : ...
+    }
+    ```
+  }];
+  let options = [
+    Option<"mode", "mode", "std::string", "\"dynamic\"",
+           "dynamic (scale updated in the graph), static, or none">,
+    Option<"seedArg", "seed-arg", "int", "-1",
+           "Index of the loss cotangent seed argument (default: the argument "
+           "marked amp.loss_seed)">,
+    ListOption<"gradientResults", "gradient-results", "unsigned",
+               "Indices of results that are gradients">,
+    ListOption<"stateResults", "state-results", "std::string",
+               "RESULT:ARG pairs: result RESULT is the new value of argument ARG">,
+    Option<"growthInterval", "growth-interval", "int64_t", "2000",
+           "Finite steps before the scale grows">,
+    Option<"growthFactor", "growth-factor", "double", "2.0",
+           "Factor the scale grows by">,
+    Option<"backoffFactor", "backoff-factor", "double", "0.5",
+           "Factor the scale shrinks by on overflow">,
+    Option<"minScale", "min-scale", "double", "1.0",
+           "Floor of the scale (may be below 1)">,
+    Option<"maxScale", "max-scale", "double", "16777216.0",
+           "Ceiling of the scale (2**24)">,
+  ];
+}
+
 #endif // STABLEHLO_AMP_PASSES_TD

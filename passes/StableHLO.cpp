@@ -386,3 +386,106 @@ Value shlo::buildDotGeneral(OpBuilder &builder, Operation *prototype, Value lhs,
   dot->setDiscardableAttrs(prototype->getDiscardableAttrDictionary());
   return dot->getResult(0);
 }
+
+//===----------------------------------------------------------------------===//
+// Loss scaling
+//===----------------------------------------------------------------------===//
+
+bool shlo::isGradientsMarker(Operation *op) {
+  if (op->getName().getStringRef() != "stablehlo.custom_call")
+    return false;
+  auto target = dyn_cast_or_null<StringAttr>(getAttr(op, "call_target_name"));
+  return target && target.getValue() == kGradientsMarker;
+}
+
+Value shlo::buildElementwise(OpBuilder &builder, Location loc,
+                             llvm::StringRef name, ValueRange operands) {
+  return createOp(builder, loc, ("stablehlo." + name).str(), operands,
+                  operands.front().getType())
+      ->getResult(0);
+}
+
+Value shlo::buildScalar(OpBuilder &builder, Location loc, Type elementType,
+                        double value) {
+  auto type = RankedTensorType::get({}, elementType);
+  Attribute element;
+  if (auto floatType = dyn_cast<FloatType>(elementType))
+    element = builder.getFloatAttr(floatType, value);
+  else
+    element = builder.getIntegerAttr(elementType, static_cast<int64_t>(value));
+  return createOp(builder, loc, "stablehlo.constant", {}, type,
+                  {builder.getNamedAttr(
+                      "value", DenseElementsAttr::get(type, element))})
+      ->getResult(0);
+}
+
+Value shlo::buildCompare(OpBuilder &builder, Location loc, Value lhs,
+                         Value rhs, llvm::StringRef direction) {
+  MLIRContext *context = builder.getContext();
+  Type predicate = withElementType(lhs.getType(), builder.getI1Type());
+  auto opaque = [&](llvm::StringRef data) {
+    return OpaqueAttr::get(StringAttr::get(context, kStableHLO), data,
+                           NoneType::get(context));
+  };
+  return createOp(
+             builder, loc, "stablehlo.compare", {lhs, rhs}, predicate,
+             {builder.getNamedAttr(
+                 "comparison_direction",
+                 opaque(("comparison_direction " + direction).str()))})
+      ->getResult(0);
+}
+
+Value shlo::buildSelect(OpBuilder &builder, Location loc, Value predicate,
+                        Value onTrue, Value onFalse) {
+  return createOp(builder, loc, "stablehlo.select",
+                  {predicate, onTrue, onFalse}, onTrue.getType())
+      ->getResult(0);
+}
+
+Value shlo::buildIsFinite(OpBuilder &builder, Location loc, Value value) {
+  return createOp(builder, loc, "stablehlo.is_finite", value,
+                  withElementType(value.getType(), builder.getI1Type()))
+      ->getResult(0);
+}
+
+Value shlo::buildReduceAll(OpBuilder &builder, Location loc,
+                           Value predicate) {
+  auto type = cast<RankedTensorType>(predicate.getType());
+  if (type.getRank() == 0)
+    return predicate;
+  Type i1 = builder.getI1Type();
+  auto scalar = RankedTensorType::get({}, i1);
+  Value init = buildScalar(builder, loc, i1, 1.0);
+  llvm::SmallVector<int64_t> dims;
+  for (int64_t d = 0; d < type.getRank(); ++d)
+    dims.push_back(d);
+  OperationState state(loc, "stablehlo.reduce");
+  state.addOperands({predicate, init});
+  state.addTypes(scalar);
+  state.propertiesAttr = builder.getDictionaryAttr(
+      {builder.getNamedAttr("dimensions", builder.getDenseI64ArrayAttr(dims))});
+  Region *body = state.addRegion();
+  Block *block = new Block();
+  body->push_back(block);
+  block->addArguments({scalar, scalar}, {loc, loc});
+  Operation *reduce = builder.create(state);
+  OpBuilder::InsertionGuard guard(builder);
+  builder.setInsertionPointToStart(block);
+  Value combined = buildElementwise(builder, loc, "and",
+                                    {block->getArgument(0), block->getArgument(1)});
+  createOp(builder, loc, "stablehlo.return", combined, {});
+  return reduce->getResult(0);
+}
+
+Value shlo::buildBroadcastScalar(OpBuilder &builder, Location loc,
+                                 Value scalar, RankedTensorType type) {
+  if (type.getRank() == 0)
+    return scalar;
+  auto scalarType = cast<RankedTensorType>(scalar.getType());
+  return createOp(builder, loc, "stablehlo.broadcast_in_dim", scalar,
+                  RankedTensorType::get(type.getShape(),
+                                        scalarType.getElementType()),
+                  {builder.getNamedAttr("broadcast_dimensions",
+                                        builder.getDenseI64ArrayAttr({}))})
+      ->getResult(0);
+}

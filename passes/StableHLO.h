@@ -99,6 +99,34 @@ Value buildReshape(OpBuilder &builder, Location loc, Value value,
 Value buildDotGeneral(OpBuilder &builder, Operation *prototype, Value lhs,
                       Value rhs, const DotDimensions &dims, Type resultType);
 
+//===----------------------------------------------------------------------===//
+// Loss scaling
+//===----------------------------------------------------------------------===//
+
+/// The custom call the Python driver wraps gradients in so the loss-scale
+/// pass can find them anywhere in a training step; the pass removes it.
+inline constexpr llvm::StringLiteral kGradientsMarker = "stablehlo_amp.gradients";
+bool isGradientsMarker(Operation *op);
+
+/// Elementwise ops on same-typed operands (`add`, `multiply`, `maximum`,
+/// `and`, ...), by StableHLO short name.
+Value buildElementwise(OpBuilder &builder, Location loc, llvm::StringRef name,
+                       ValueRange operands);
+/// A scalar (rank-0) constant of `elementType`.
+Value buildScalar(OpBuilder &builder, Location loc, Type elementType,
+                  double value);
+/// `stablehlo.compare` with `direction` (EQ, NE, GE, GT, LE, LT).
+Value buildCompare(OpBuilder &builder, Location loc, Value lhs, Value rhs,
+                   llvm::StringRef direction);
+Value buildSelect(OpBuilder &builder, Location loc, Value predicate,
+                  Value onTrue, Value onFalse);
+Value buildIsFinite(OpBuilder &builder, Location loc, Value value);
+/// AND of every element of a boolean tensor, as a rank-0 tensor.
+Value buildReduceAll(OpBuilder &builder, Location loc, Value predicate);
+/// Broadcasts a rank-0 tensor to `type`'s shape.
+Value buildBroadcastScalar(OpBuilder &builder, Location loc, Value scalar,
+                           RankedTensorType type);
+
 } // namespace mlir::amp::shlo
 
 #endif // STABLEHLO_AMP_STABLEHLO_H

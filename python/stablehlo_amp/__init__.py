@@ -5,16 +5,34 @@
 'p=f32,c=bf16,o=bf16'
 """
 
+from stablehlo_amp._src.loss_scale import (DynamicLossScale, NoOpLossScale,
+                                           StaticLossScale, all_finite,
+                                           select_tree)
 from stablehlo_amp._src.pipeline import (AmpError, InvalidIRError,
                                          RewriteError, RewriteResult,
                                          VerificationError, rewrite,
                                          rewrite_module)
 from stablehlo_amp._src.policy import Policy
 from stablehlo_amp._src.report import OpDecision, Report
-from stablehlo_amp._src.transform import Lowered, Timings, Transformed, transform
+from stablehlo_amp._src.program import Timings
+from stablehlo_amp._src.training import (PrecisionHandler, TrainState,
+                                         TrainStep, ValueAndGrad, train_step,
+                                         value_and_grad)
+from stablehlo_amp._src.transform import Lowered, Transformed, transform
 
 __all__ = [
     "AmpError",
+    "DynamicLossScale",
+    "NoOpLossScale",
+    "PrecisionHandler",
+    "StaticLossScale",
+    "TrainState",
+    "TrainStep",
+    "ValueAndGrad",
+    "all_finite",
+    "select_tree",
+    "train_step",
+    "value_and_grad",
     "InvalidIRError",
     "Lowered",
     "OpDecision",

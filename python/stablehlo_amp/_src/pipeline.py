@@ -100,8 +100,9 @@ def parse_module(source: str | bytes, context: ir.Context,
 def build_pipeline(policy: Policy, *, level: str = "O2", target: str = "cpu",
                    dot_result: str = "f32", keep_f32: Iterable[str] = (),
                    force_compute: Iterable[str] = (),
-                   annotate: bool = False) -> str:
-  """The pass pipeline `amp.rewrite` and `amp-opt` run."""
+                   annotate: bool = False, loss_scale: str | None = None) -> str:
+  """The pass pipeline `amp.rewrite` and `amp-opt` run; `loss_scale` is an
+  `amp-loss-scale{...}` pass to run after the precision rewrite."""
   options = [f"policy={policy}", f"level={level}", f"target={target}",
              f"dot-result={dot_result}"]
   keep_f32, force_compute = list(keep_f32), list(force_compute)
@@ -111,8 +112,11 @@ def build_pipeline(policy: Policy, *, level: str = "O2", target: str = "cpu",
     options.append("force-compute=" + ",".join(force_compute))
   if annotate:
     options.append("annotate=true")
-  return ("builtin.module(amp-insert-converts{" + " ".join(options) +
-          "},amp-simplify-converts)")
+  passes = ["amp-insert-converts{" + " ".join(options) + "}"]
+  if loss_scale:
+    passes.append(loss_scale)
+  passes.append("amp-simplify-converts")
+  return "builtin.module(" + ",".join(passes) + ")"
 
 
 def _check_choice(name: str, value: str, accepted: Sequence[str]) -> str:
@@ -166,11 +170,10 @@ def run_pipeline(module: ir.Module, pipeline: str, *, context: ir.Context,
   return RewriteResult(rewritten, report, pipeline)
 
 
-def mark_kept_arguments(module: ir.Module, keep: Iterable[int]) -> None:
-  """Marks arguments of the public `main` that are not parameters, so the
-  pass keeps their dtype instead of applying `p=`."""
-  keep = set(keep)
-  if not keep:
+def mark_arguments(module: ir.Module, marks: dict[int, list[str]]) -> None:
+  """Sets unit attributes on arguments of the public `main`: the markers the
+  passes read (`amp.keep_dtype`, `amp.loss_seed`) and consume."""
+  if not marks:
     return
   for op in module.body.operations:
     if (op.operation.name == "func.func" and
@@ -189,8 +192,8 @@ def mark_kept_arguments(module: ir.Module, keep: Iterable[int]) -> None:
     if old is not None:
       attrs = ir.DictAttr(old[i])
       entries = {attrs[j].name: attrs[j].attr for j in range(len(attrs))}
-    if i in keep:
-      entries["amp.keep_dtype"] = ir.UnitAttr.get()
+    for name in marks.get(i, ()):
+      entries[name] = ir.UnitAttr.get()
     new.append(ir.DictAttr.get(entries))
   main.attributes["arg_attrs"] = ir.ArrayAttr.get(new)
 
@@ -200,7 +203,8 @@ def rewrite_module(source: str | bytes | ir.Module, policy: Policy | str, *,
                    dot_result: str = "f32", keep_f32: Iterable[str] = (),
                    force_compute: Iterable[str] = (), report: bool = True,
                    source_name: str = "<module>",
-                   context: ir.Context | None = None) -> RewriteResult:
+                   context: ir.Context | None = None,
+                   loss_scale: str | None = None) -> RewriteResult:
   """Rewrites a StableHLO module to `policy`; see `stablehlo_amp.rewrite`.
 
   `source` may be text, bytecode or a jaxlib `ir.Module` (which must live in
@@ -215,7 +219,8 @@ def rewrite_module(source: str | bytes | ir.Module, policy: Policy | str, *,
               else parse_module(source, context, source_name))
     pipeline = build_pipeline(policy, level=level, target=target,
                               dot_result=dot_result, keep_f32=keep_f32,
-                              force_compute=force_compute, annotate=report)
+                              force_compute=force_compute, annotate=report,
+                              loss_scale=loss_scale)
     info = ({"policy": str(policy), "level": level, "target": target}
             if report else None)
     return run_pipeline(module, pipeline, context=context,
