@@ -561,7 +561,10 @@ LogicalResult InsertConvertsPass::rewrite(ModuleOp module) {
 
 /// Rewrites a mixed-precision dot_general into the one form XLA:CPU runs
 /// natively (YNNPACK) and never rejects: lhs [B, M, K], rhs [B, N, K], one
-/// contracting dimension last on both, batch dimensions leading.
+/// contracting dimension last on both, batch dimensions leading. The canonical
+/// operands go through an optimization barrier: otherwise XLA folds the
+/// transposes (and unit-dimension reshapes) back into the dot, and the dot it
+/// ends up with has no XLA:CPU kernel for mixed precision.
 void InsertConvertsPass::canonicalizeDotForCpu(Operation *dot) {
   std::optional<shlo::DotDimensions> dims = shlo::getDotDimensions(dot);
   auto lhsType = dyn_cast<RankedTensorType>(dot->getOperand(0).getType());
@@ -599,77 +602,41 @@ void InsertConvertsPass::canonicalizeDotForCpu(Operation *dot) {
 
   OpBuilder builder(dot);
   Location loc = dot->getLoc();
-  bool anyTransposed = false;
-  auto isIdentity = [](llvm::ArrayRef<int64_t> perm) {
-    for (auto [i, d] : llvm::enumerate(perm))
-      if (static_cast<int64_t>(i) != d)
-        return false;
-    return true;
-  };
-  anyTransposed = !isIdentity(lhsPerm) || !isIdentity(rhsPerm);
-  llvm::SmallVector<int64_t> lhsShape = {batch, m, k};
-  llvm::SmallVector<int64_t> rhsShape = {batch, n, k};
-  auto shapeOf = [](Value v) {
-    return llvm::to_vector(cast<RankedTensorType>(v.getType()).getShape());
-  };
-  // A transpose feeding the dot directly sends XLA:CPU to its slow path; a
-  // rank-changing reshape in between keeps the native kernel.
-  bool lhsReshapes = shapeOf(dot->getOperand(0)) != lhsShape;
-  bool rhsReshapes = shapeOf(dot->getOperand(1)) != rhsShape;
-  bool unitBatch = anyTransposed && (!lhsReshapes || !rhsReshapes);
-  if (unitBatch) {
-    lhsShape.insert(lhsShape.begin(), 1);
-    rhsShape.insert(rhsShape.begin(), 1);
-  }
   auto canonical = [&](Value operand, llvm::ArrayRef<int64_t> perm,
                        llvm::ArrayRef<int64_t> shape) {
-    if (!isIdentity(perm))
+    bool identity = llvm::all_of(llvm::enumerate(perm), [](auto pair) {
+      return static_cast<int64_t>(pair.index()) == pair.value();
+    });
+    if (!identity)
       operand = shlo::buildTranspose(builder, loc, operand, perm);
-    if (shapeOf(operand) != llvm::to_vector(shape))
+    if (cast<RankedTensorType>(operand.getType()).getShape() != shape)
       operand = shlo::buildReshape(builder, loc, operand, shape);
     return operand;
   };
-  Value lhs = canonical(dot->getOperand(0), lhsPerm, lhsShape);
-  Value rhs = canonical(dot->getOperand(1), rhsPerm, rhsShape);
+  Value lhs = canonical(dot->getOperand(0), lhsPerm, {batch, m, k});
+  Value rhs = canonical(dot->getOperand(1), rhsPerm, {batch, n, k});
+  Operation *barrier =
+      shlo::buildOptimizationBarrier(builder, loc, ValueRange{lhs, rhs});
   shlo::DotDimensions canonicalDims;
-  if (unitBatch) {
-    canonicalDims.lhsBatch = canonicalDims.rhsBatch = {0, 1};
-    canonicalDims.lhsContracting = canonicalDims.rhsContracting = {3};
-  } else {
-    canonicalDims.lhsBatch = canonicalDims.rhsBatch = {0};
-    canonicalDims.lhsContracting = canonicalDims.rhsContracting = {2};
-  }
-  llvm::SmallVector<int64_t> resultShape = {batch, m, n};
-  if (unitBatch)
-    resultShape.insert(resultShape.begin(), 1);
+  canonicalDims.lhsBatch = canonicalDims.rhsBatch = {0};
+  canonicalDims.lhsContracting = canonicalDims.rhsContracting = {2};
   Type canonicalResult =
-      RankedTensorType::get(resultShape, resultType.getElementType());
-  if (lhs == dot->getOperand(0) && rhs == dot->getOperand(1) &&
-      resultShape == llvm::to_vector(resultType.getShape()) &&
-      dims->lhsBatch == canonicalDims.lhsBatch &&
-      dims->rhsBatch == canonicalDims.rhsBatch &&
-      dims->lhsContracting == canonicalDims.lhsContracting &&
-      dims->rhsContracting == canonicalDims.rhsContracting)
-    return; // already canonical
-  Value result = shlo::buildDotGeneral(builder, dot, lhs, rhs, canonicalDims,
+      RankedTensorType::get({batch, m, n}, resultType.getElementType());
+  Value result = shlo::buildDotGeneral(builder, dot, barrier->getResult(0),
+                                       barrier->getResult(1), canonicalDims,
                                        canonicalResult);
+  Operation *newDot = result.getDefiningOp();
   if (canonicalResult != resultType)
     result = shlo::buildReshape(builder, loc, result, resultType.getShape());
-  std::string reason = nodes[dot].reason;
   dot->getResult(0).replaceAllUsesWith(result);
-  Operation *newDot = result.getDefiningOp();
-  while (newDot && !shlo::isDotGeneral(newDot))
-    newDot = newDot->getOperand(0).getDefiningOp();
   dot->erase();
   nodes.erase(dot);
-  if (newDot) {
-    Node node;
-    node.cls = OpClass::Allow;
-    node.low = true;
-    node.reason = "matrix multiply, NT-canonical for XLA:CPU";
-    nodes[newDot] = node;
-    llvm::replace(order, dot, newDot);
-  }
+  Node node;
+  node.cls = OpClass::Allow;
+  node.low = true;
+  node.reason = "matrix multiply, NT-canonical for XLA:CPU";
+  nodes[newDot] = node;
+  llvm::replace(order, dot, newDot);
 }
 
 void InsertConvertsPass::annotateDecisions() {

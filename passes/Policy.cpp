@@ -122,7 +122,7 @@ llvm::Expected<Policy> mlir::amp::parsePolicy(llvm::StringRef text) {
             .Default(nullptr);
     if (!slot)
       return policyError("unknown policy key '" + key +
-                         "' (accepted: p|params, c|compute, o|output)");
+                         "' (accepted: p|param|params, c|compute, o|output)");
     if (slot->has_value())
       return policyError("policy key '" + key + "' given twice");
     llvm::Expected<Dtype> dtype = parseDtype(key, value);

@@ -357,6 +357,12 @@ Value shlo::buildReshape(OpBuilder &builder, Location loc, Value value,
       ->getResult(0);
 }
 
+Operation *shlo::buildOptimizationBarrier(OpBuilder &builder, Location loc,
+                                          ValueRange values) {
+  return createOp(builder, loc, "stablehlo.optimization_barrier", values,
+                  values.getTypes());
+}
+
 Value shlo::buildDotGeneral(OpBuilder &builder, Operation *prototype, Value lhs,
                             Value rhs, const DotDimensions &dims,
                             Type resultType) {

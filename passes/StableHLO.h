@@ -94,6 +94,10 @@ Value buildTranspose(OpBuilder &builder, Location loc, Value value,
                      llvm::ArrayRef<int64_t> permutation);
 Value buildReshape(OpBuilder &builder, Location loc, Value value,
                    llvm::ArrayRef<int64_t> shape);
+/// `stablehlo.optimization_barrier` over `values`: XLA cannot fold or fuse
+/// across it.
+Operation *buildOptimizationBarrier(OpBuilder &builder, Location loc,
+                                    ValueRange values);
 /// Builds a dot_general like `prototype` (precision config kept) with new
 /// operands, dimensions and result type.
 Value buildDotGeneral(OpBuilder &builder, Operation *prototype, Value lhs,

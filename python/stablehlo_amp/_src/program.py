@@ -90,7 +90,7 @@ class LossScaleOptions:
 class Program:
   """A rewritten program for one signature, called with flat leaves."""
   exported: jax_export.Exported
-  result: pl.RewriteResult | None  # None: fell back to the original
+  result: pl.RewriteResult
   timings: Timings
   num_extra_outputs: int
   out_tree: Any  # the structure of the function's own outputs
@@ -170,67 +170,58 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
           param_flags: Sequence[bool], policy: Policy, options: dict,
           source_name: str, seed_leaf: int | None = None,
           state_leaves: Sequence[tuple[int, int]] = (),
-          loss_scale: LossScaleOptions | None = None,
-          fallback: Callable[[Exception], None] | None = None) -> Program:
+          loss_scale: LossScaleOptions | None = None) -> Program:
   """Exports `jitted`, rewrites it and returns the flat-called program.
 
   `param_flags[i]` says whether flat input leaf i takes the `p=` dtype;
   `seed_leaf` is the flat input leaf holding the loss cotangent seed;
   `state_leaves` pairs (flat output leaf, flat input leaf) whose new value is
   kept only if the gradients are finite.
+
+  Raises `RewriteError` when the function cannot be exported or rewritten
+  (the caller decides whether to fall back) and `VerificationError` when
+  the rewritten module is invalid (a bug).
   """
   start = time.perf_counter()
   disabled = [jax_export.DisabledSafetyCheck.custom_call(GRADIENTS_MARKER)]
-  exported = jax_export.export(jitted, disabled_checks=disabled)(
-      *export_args, **export_kwargs)
+  try:
+    exported = jax_export.export(jitted, disabled_checks=disabled)(
+        *export_args, **export_kwargs)
+  except (NotImplementedError, ValueError) as error:
+    # Host callbacks, unsupported effects: jax.export says what.
+    raise pl.RewriteError(f"jax.export cannot export it: {error}") from error
   lowered_at = time.perf_counter()
   kept = exported.module_kept_var_idx
   position = {flat: i for i, flat in enumerate(kept)}
-  try:
-    context = pl.ir_context()
-    with context:
-      module = jax_export_internal._jax.mlir.deserialize_portable_artifact(
-          exported.mlir_module_serialized)
-      if len(main_signature(module)[0]) != len(kept):
-        raise pl.RewriteError("the exported module has extra arguments "
-                              "(effect tokens or a platform index)")
-      marks: dict[int, list[str]] = {}
-      for i, flat in enumerate(kept):
-        if not param_flags[flat]:
-          marks.setdefault(i, []).append("amp.keep_dtype")
-      if seed_leaf is not None:
-        if seed_leaf not in position:
-          raise pl.RewriteError("the loss does not depend on the seed")
-        marks.setdefault(position[seed_leaf], []).append("amp.loss_seed")
-      pl.mark_arguments(module, marks)
-      state_pairs = [(out, position[arg]) for out, arg in state_leaves
-                     if arg in position]
-      result = pl.rewrite_module(
-          module, policy, context=context, source_name=source_name,
-          loss_scale=(loss_scale.pass_text(state_pairs)
-                      if loss_scale else None),
-          **options)
-      program = _flat_exported(
-          exported, result.module,
-          loss_scale.extra_inputs if loss_scale else 0,
-          loss_scale.extra_outputs if loss_scale else 0)
-  except pl.VerificationError:
-    raise
-  except pl.RewriteError as error:
-    if fallback is None or loss_scale is not None:
-      raise
-    fallback(error)
-    return Program(_flat_exported_original(exported), None,
-                   Timings(lower=lowered_at - start), 0, exported.out_tree)
+  context = pl.ir_context()
+  with context:
+    module = jax_export_internal._jax.mlir.deserialize_portable_artifact(
+        exported.mlir_module_serialized)
+    if len(main_signature(module)[0]) != len(kept):
+      raise pl.RewriteError("the exported module has extra arguments "
+                            "(effect tokens or a platform index)")
+    marks: dict[int, list[str]] = {}
+    for i, flat in enumerate(kept):
+      if not param_flags[flat]:
+        marks.setdefault(i, []).append("amp.keep_dtype")
+    if seed_leaf is not None:
+      if seed_leaf not in position:
+        raise pl.RewriteError("the loss does not depend on the seed")
+      marks.setdefault(position[seed_leaf], []).append("amp.loss_seed")
+    pl.mark_arguments(module, marks)
+    state_pairs = [(out, position[arg]) for out, arg in state_leaves
+                   if arg in position]
+    result = pl.rewrite_module(
+        module, policy, context=context, source_name=source_name,
+        loss_scale=(loss_scale.pass_text(state_pairs)
+                    if loss_scale else None),
+        **options)
+    program = _flat_exported(
+        exported, result.module,
+        loss_scale.extra_inputs if loss_scale else 0,
+        loss_scale.extra_outputs if loss_scale else 0)
   done = time.perf_counter()
   return Program(program, result,
                  Timings(lower=lowered_at - start, rewrite=done - lowered_at),
                  loss_scale.extra_outputs if loss_scale else 0,
                  exported.out_tree)
-
-
-def _flat_exported_original(exported: jax_export.Exported):
-  return dataclasses.replace(
-      exported,
-      in_tree=jax.tree_util.tree_structure((tuple(exported.in_avals), {})),
-      out_tree=jax.tree_util.tree_structure(tuple(exported.out_avals)))

@@ -19,8 +19,9 @@ import optax
 
 from stablehlo_amp._src import program as prog
 from stablehlo_amp._src.loss_scale import LossScale, default_loss_scale
-from stablehlo_amp._src.policy import Policy, as_policy, check_level
-from stablehlo_amp._src.transform import Lowered, _is_float, _name
+from stablehlo_amp._src.policy import Policy, as_policy
+from stablehlo_amp._src.transform import (Lowered, _is_float, _name,
+                                          check_options)
 
 
 def _float_flags(tree: Any, selected: bool) -> list[bool]:
@@ -42,8 +43,12 @@ class _LossScaledProgram:
   def __init__(self, fun: Callable, policy: Policy | str, options: dict):
     self.fun = fun
     self.policy = as_policy(policy)
-    self._options = dict(level=check_level(options.pop("level", "O2")),
-                         **options)
+    self._options = check_options(
+        options.pop("level", "O2"), options.pop("target", None),
+        options.pop("dot_result", "f32"), options.pop("keep_f32", ()),
+        options.pop("force_compute", ()))
+    if options:
+      raise TypeError(f"unexpected options: {', '.join(sorted(options))}")
     self._last: prog.Program | None = None
     self.rewrite_count = 0
 
