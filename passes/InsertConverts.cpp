@@ -645,15 +645,18 @@ void InsertConvertsPass::annotateDecisions() {
     const Node &node = nodes[op];
     if (isa<func::ReturnOp>(op) || shlo::isRegionReturn(op))
       continue;
+    auto anyType = [&](auto predicate) {
+      return llvm::any_of(op->getOperandTypes(), predicate) ||
+             llvm::any_of(op->getResultTypes(), predicate);
+    };
     bool touchesFloat =
-        llvm::any_of(op->getOperandTypes(),
-                     [&](Type t) { return shlo::getFloatElementType(t); }) ||
-        llvm::any_of(op->getResultTypes(),
-                     [&](Type t) { return shlo::getFloatElementType(t); });
+        anyType([&](Type t) { return bool(shlo::getFloatElementType(t)); });
     if (!touchesFloat)
       continue;
     std::string decision;
-    if (node.low)
+    if (!node.low && !anyType([&](Type t) { return isFull(t); }))
+      decision = "unchanged: no f32 values";
+    else if (node.low)
       decision = "low: " + (node.cls == OpClass::Allow && !node.forcedLow
                                 ? std::string(lowDotResult
                                                   ? "matrix multiply"

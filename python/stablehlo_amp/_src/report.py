@@ -47,13 +47,20 @@ class Report:
   @property
   def kept_f32(self) -> collections.Counter:
     return collections.Counter(
-        d.op for d in self.decisions if d.precision != "low")
+        d.op for d in self.decisions if d.precision == "f32")
+
+  @property
+  def unchanged(self) -> collections.Counter:
+    """Ops with float values but none in f32 (f64, or already low
+    precision): the policy does not apply to them."""
+    return collections.Counter(
+        d.op for d in self.decisions if d.precision == "unchanged")
 
   @property
   def kept_f32_reasons(self) -> dict[str, collections.Counter]:
     reasons: dict[str, collections.Counter] = {}
     for d in self.decisions:
-      if d.precision != "low":
+      if d.precision == "f32":
         reasons.setdefault(d.reason, collections.Counter())[d.op] += 1
     return reasons
 
@@ -61,6 +68,7 @@ class Report:
     return {
         "policy": self.policy, "level": self.level, "target": self.target,
         "lowered": dict(self.lowered), "kept_f32": dict(self.kept_f32),
+        "unchanged": dict(self.unchanged),
         "kept_f32_reasons": {k: dict(v) for k, v in
                              self.kept_f32_reasons.items()},
         "converts_inserted": self.converts_inserted,
@@ -83,6 +91,10 @@ class Report:
     for reason, ops in sorted(self.kept_f32_reasons.items(),
                               key=lambda item: -sum(item[1].values())):
       lines.append(f"    {reason}: {sum(ops.values())} ({names(ops)})")
+    unchanged = self.unchanged
+    if unchanged:
+      lines.append(f"  left as they are (no f32 values): "
+                   f"{sum(unchanged.values())} ops ({names(unchanged)})")
     lines.append(f"  converts inserted: {self.converts_inserted} "
                  f"(module has {self.converts_total})")
     return "\n".join(lines)
