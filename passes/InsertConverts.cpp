@@ -554,7 +554,7 @@ LogicalResult InsertConvertsPass::rewrite(ModuleOp module) {
         canonicalizeDotForCpu(op);
   if (saturatedAny)
     module.emitWarning()
-        << "float constants out of range of " << computeType
+        << "float constants out of range of " << dtypeName(parsedPolicy.compute)
         << " were saturated to its largest finite value";
   return success();
 }

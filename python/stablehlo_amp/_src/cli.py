@@ -34,6 +34,8 @@ class _Parser(argparse.ArgumentParser):
     try:
       passes = (importlib.resources.files("stablehlo_amp") /
                 "passes.md").read_text()
+      passes = "\n".join(line for line in passes.splitlines()
+                         if not line.startswith("<!--"))
     except OSError:
       passes = ""
     from stablehlo_amp._src.policy import policy_grammar
@@ -120,6 +122,10 @@ def _write_output(path: str, data: str | bytes) -> None:
   try:
     with os.fdopen(fd, "wb") as f:
       f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+    # mkstemp makes the file private; give it the mode a plain open() would.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temporary, 0o666 & ~umask)
     os.replace(temporary, path)
   except BaseException:
     os.unlink(temporary)
@@ -154,11 +160,14 @@ def main(argv: list[str] | None = None) -> int:
 
   # Imported late: --help and usage errors should not wait for JAX.
   from stablehlo_amp._src import pipeline as pl
-  from stablehlo_amp._src.policy import Policy, check_level
+  from stablehlo_amp._src.policy import Policy
+  from stablehlo_amp._src.transform import check_options
 
   try:
     policy = Policy.parse(args.policy)
-    level = check_level(args.level)
+    options = check_options(args.level, args.target, args.dot_result,
+                            _split_ops(args.keep_f32),
+                            _split_ops(args.force_compute))
   except ValueError as error:
     print(f"amp-opt: error: {error}", file=sys.stderr)
     return EXIT_USAGE
@@ -189,19 +198,18 @@ def main(argv: list[str] | None = None) -> int:
                                    report_info=None)
         else:
           result = pl.rewrite_module(
-              chunk, policy, level=level, target=target,
-              dot_result=args.dot_result,
-              keep_f32=_split_ops(args.keep_f32),
-              force_compute=_split_ops(args.force_compute),
+              chunk, policy, **dict(options, target=target),
               report=args.report, source_name=name, context=context)
         outputs.append(result.text(args.emit, args.debug_info))
+      for diagnostic in result.diagnostics:
+        print(diagnostic, file=sys.stderr)
       if args.report and result.report is not None:
         print(result.report, file=sys.stderr)
     except pl.AmpError as error:
       print(error, file=sys.stderr)
       status = EXIT_INVALID_IR
-  if status != EXIT_OK and not args.split_input_file:
-    return status
+  if status != EXIT_OK and args.output != "-":
+    return status  # a file is written whole or not at all
   if not outputs:
     return status
   data = (outputs[0] if len(outputs) == 1 else

@@ -113,6 +113,9 @@ def build_pipeline(policy: Policy, *, level: str = "O2", target: str = "cpu",
   if annotate:
     options.append("annotate=true")
   passes = ["amp-insert-converts{" + " ".join(options) + "}"]
+  if level == "O0" and not loss_scale:
+    # O0 is the identity: not even the convert cleanup runs.
+    return "builtin.module(" + passes[0] + ")"
   if loss_scale:
     passes.append(loss_scale)
   passes.append("amp-simplify-converts")
@@ -132,6 +135,7 @@ class RewriteResult:
   module: ir.Module
   report: Report | None
   pipeline: str
+  diagnostics: tuple[str, ...] = ()  # warnings the passes emitted
 
   def text(self, emit: str = "pretty", debug_info: bool = False) -> str | bytes:
     _check_choice("emit format", emit, EMIT_FORMATS)
@@ -143,13 +147,44 @@ class RewriteResult:
         print_generic_op_form=emit == "generic", enable_debug_info=debug_info)
 
 
+_PASS_DIAGNOSTIC = re.compile(
+    r'^loc\("(?P<file>(?:[^"\\]|\\.)*)":(?P<line>\d+):(?P<col>\d+)\): '
+    r'(?P<rest>.*)$', re.S)
+
+
+def _format_pass_diagnostic(text: str, source_name: str) -> str:
+  """The C++ side prints `loc("file":l:c): error: ...`; say
+  `file:l:c: error: ...` like every other message (no position when the
+  diagnostic is about the whole module)."""
+  match = _PASS_DIAGNOSTIC.match(text)
+  if not match:
+    return text if ": " in text.split("\n")[0] else f"{source_name}: {text}"
+  file = match["file"]
+  if file in ("-", ""):
+    file = source_name
+  if match["line"] == "0":
+    return f"{file}: {match['rest']}"
+  return f"{file}:{match['line']}:{match['col']}: {match['rest']}"
+
+
+def _with_source_name(generic: str, source_name: str) -> str:
+  """jaxlib parses text under the file name "-"; name the real source in the
+  locations instead, so diagnostics and --debug-info output point at it."""
+  if source_name in ("-", "") or source_name.startswith("<"):
+    return generic
+  escaped = source_name.replace("\\", "\\\\").replace('"', '\\"')
+  return generic.replace('loc("-":', f'loc("{escaped}":')
+
+
 def run_pipeline(module: ir.Module, pipeline: str, *, context: ir.Context,
                  source_name: str, report_info: dict | None) -> RewriteResult:
   """Runs `pipeline` on `module` in process and verifies the result."""
-  generic = module.operation.get_asm(print_generic_op_form=True,
-                                     enable_debug_info=True)
+  generic = _with_source_name(
+      module.operation.get_asm(print_generic_op_form=True,
+                               enable_debug_info=True), source_name)
   ok, output, report_json, diagnostics = _amp.run_pipeline(
       generic, pipeline, source_name, report_info is not None)
+  diagnostics = [_format_pass_diagnostic(d, source_name) for d in diagnostics]
   if not ok:
     raise RewriteError("\n".join(diagnostics) or
                        f"{source_name}: error: the pipeline failed",
@@ -167,7 +202,7 @@ def run_pipeline(module: ir.Module, pipeline: str, *, context: ir.Context,
   report = None
   if report_info is not None:
     report = Report.from_json(report_json, **report_info)
-  return RewriteResult(rewritten, report, pipeline)
+  return RewriteResult(rewritten, report, pipeline, tuple(diagnostics))
 
 
 def mark_arguments(module: ir.Module, marks: dict[int, list[str]]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from typing import Any, Callable, Sequence
 
 import jax
@@ -216,6 +217,8 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
         loss_scale=(loss_scale.pass_text(state_pairs)
                     if loss_scale else None),
         **options)
+    for diagnostic in result.diagnostics:
+      warnings.warn(f"stablehlo-amp: {diagnostic}", stacklevel=4)
     program = _flat_exported(
         exported, result.module,
         loss_scale.extra_inputs if loss_scale else 0,

@@ -8,6 +8,10 @@ import json
 from typing import Any
 
 
+def _ops(count: int) -> str:
+  return f"{count} op" if count == 1 else f"{count} ops"
+
+
 @dataclasses.dataclass(frozen=True)
 class OpDecision:
   """The precision chosen for one op, why, and where the op is."""
@@ -84,9 +88,9 @@ class Report:
     lines = [
         f"amp-insert-converts: policy {self.policy}, level {self.level}, "
         f"target {self.target}",
-        f"  lowered to {compute}: {sum(lowered.values())} ops"
+        f"  lowered to {compute}: {_ops(sum(lowered.values()))}"
         + (f" ({names(lowered)})" if lowered else ""),
-        f"  kept f32: {sum(kept.values())} ops",
+        f"  kept f32: {_ops(sum(kept.values()))}",
     ]
     for reason, ops in sorted(self.kept_f32_reasons.items(),
                               key=lambda item: -sum(item[1].values())):
@@ -94,7 +98,7 @@ class Report:
     unchanged = self.unchanged
     if unchanged:
       lines.append(f"  left as they are (no f32 values): "
-                   f"{sum(unchanged.values())} ops ({names(unchanged)})")
+                   f"{_ops(sum(unchanged.values()))} ({names(unchanged)})")
     lines.append(f"  converts inserted: {self.converts_inserted} "
                  f"(module has {self.converts_total})")
     return "\n".join(lines)

@@ -1,0 +1,56 @@
+// Usage errors exit with status 2, print one `amp-opt: error:` line that says
+// what is accepted, and print no module.
+
+// RUN: sh -c 'amp-opt %s --target gpu --policy q=f32; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=KEY
+// KEY-NOT: module
+// KEY: amp-opt: error: unknown policy key 'q' (accepted: p|{{(param\|)?}}params, c|compute, o|output)
+// KEY-NEXT: exit=2
+
+// RUN: sh -c 'amp-opt %s --target gpu --policy p=f32,c=bf17; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=DTYPE
+// DTYPE-NOT: module
+// DTYPE: amp-opt: error: unknown dtype 'bf17' for key 'c' (accepted: f32, float32, full, bf16, bfloat16, f16, float16, half, f64, float64, {{.*}})
+// DTYPE-NEXT: exit=2
+
+// RUN: sh -c 'amp-opt %s --target gpu --policy p=f32,c=bf16,c=f16; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=TWICE
+// TWICE: amp-opt: error: policy key 'c' given twice
+// TWICE-NEXT: exit=2
+
+// RUN: sh -c 'amp-opt %s --target gpu --level O4; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=LEVEL
+// LEVEL: amp-opt: error: unknown level 'O4' (accepted: O0, O1, O2, O3)
+// LEVEL-NEXT: exit=2
+
+// RUN: sh -c 'amp-opt %s --target xpu; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=TARGET
+// TARGET: amp-opt: error: argument --target: invalid choice: 'xpu' (choose from {{.*}}cpu{{.*}}gpu{{.*}}tpu{{.*}})
+// TARGET-NEXT: exit=2
+
+// RUN: sh -c 'amp-opt %s --no-such-flag; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=FLAG
+// FLAG: amp-opt: error: unrecognized arguments: --no-such-flag
+// FLAG-NEXT: exit=2
+
+// RUN: sh -c 'amp-opt %s.missing; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=MISSING
+// MISSING: amp-opt: error: cannot read {{.*}}usage_errors.mlir.missing: No such file or directory
+// MISSING-NEXT: exit=2
+
+// RUN: sh -c 'amp-opt %s --split-input-file --emit bytecode; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=SPLITBC
+// SPLITBC: amp-opt: error: --emit=bytecode cannot be combined with --split-input-file
+// SPLITBC-NEXT: exit=2
+
+// Naming one op in both --keep-f32 and --force-compute is a usage error:
+// exit 2 with an `amp-opt: error:` line.
+// RUN: sh -c 'amp-opt %s --target gpu --keep-f32 tanh --force-compute stablehlo.tanh; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=CONFLICT
+// CONFLICT-NOT: loc(
+// CONFLICT: amp-opt: error: ops named in both keep_f32 and force_compute: stablehlo.tanh
+// CONFLICT-NOT: loc(
+// CONFLICT: exit=2
+
+// A pass diagnostic seen through amp-opt carries the input's file name like
+// jaxlib's diagnostics do, not `loc("-":0:0)`.
+// RUN: not amp-opt %s --pass-pipeline='builtin.module(amp-insert-converts{policy=c=bf17})' 2>&1 | FileCheck %s --check-prefix=PASSDIAG
+// PASSDIAG-NOT: loc(
+// PASSDIAG: usage_errors.mlir{{(:[0-9]+:[0-9]+)?}}: error: invalid policy: unknown dtype 'bf17' for key 'c'
+
+func.func public @main(%arg0: tensor<8x8xf32>, %arg1: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %0 = stablehlo.dot_general %arg1, %arg0, contracting_dims = [1] x [0], precision = [DEFAULT, DEFAULT] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %1 = stablehlo.tanh %0 : tensor<4x8xf32>
+  return %1 : tensor<4x8xf32>
+}
