@@ -13,7 +13,7 @@ SOURCES := $(shell git ls-files CMakeLists.txt pyproject.toml passes tools pytho
 export PATH := $(abspath $(VENV))/bin:$(LLVM_PREFIX)/bin:$(PATH)
 export MLIR_DIR
 
-.PHONY: all demo test lit pytest doctest deps build clean
+.PHONY: all demo test lit pytest doctest sanitize deps build clean
 
 all: build
 
@@ -35,7 +35,7 @@ $(VENV)/.built: $(VENV)/.deps $(SOURCES)
 	$(PY) -m pip install -q --no-deps --no-build-isolation .
 	touch $@
 
-test: build lit pytest doctest
+test: build lit pytest doctest sanitize
 
 lit: build
 	lit -sv test/passes test/cli test/plugin
@@ -45,6 +45,26 @@ pytest: build
 
 doctest: build
 	cd /tmp && $(abspath $(PY)) -m pytest -q --doctest-modules --pyargs stablehlo_amp
+
+# The lit suite again, with the C++ (extension and plugin) built with
+# AddressSanitizer and UndefinedBehaviorSanitizer; the runtimes are preloaded
+# into the uninstrumented Python and mlir-opt that load them.
+ASAN_BUILD := build/sanitize
+sanitize: build
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DAMP_ENABLE_SANITIZERS=ON -DAMP_BUILD_PYTHON=ON \
+	  -DPython_EXECUTABLE=$(abspath $(PY)) -DMLIR_DIR=$(MLIR_DIR) > /dev/null
+	cmake --build $(ASAN_BUILD)
+	rm -rf $(ASAN_BUILD)/pkg && mkdir -p $(ASAN_BUILD)/pkg
+	cp -r python/stablehlo_amp $(ASAN_BUILD)/pkg/
+	cp $(ASAN_BUILD)/python/_amp*.so $(ASAN_BUILD)/tools/plugin/AmpPassPlugin.so \
+	  $(ASAN_BUILD)/pkg/stablehlo_amp/
+	cp $(ASAN_BUILD)/passes/Passes.md $(ASAN_BUILD)/pkg/stablehlo_amp/passes.md
+	env PYTHONPATH=$(abspath $(ASAN_BUILD)/pkg) \
+	  LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  sh -c '$(PY) -c "import stablehlo_amp._amp as m, sys; sys.exit(\"sanitize\" not in m.__file__)" && \
+	         lit -sv test/passes test/cli test/plugin'
 
 demo: build
 	$(PY) examples/demo.py

@@ -35,7 +35,10 @@ config.environment["FILECHECK_OPTS"] = "-enable-var-scope"
 # Every amp-opt run imports JAX; pin the backend so that tests which rely on
 # the default target behave the same on machines with and without a GPU.
 config.environment["JAX_PLATFORMS"] = "cpu"
-for name in ("HOME", "TMPDIR", "XDG_CACHE_HOME"):
+# PYTHONPATH and the sanitizer settings carry `make sanitize`'s instrumented
+# build into every tool the tests run.
+for name in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "PYTHONPATH", "LD_PRELOAD",
+             "ASAN_OPTIONS", "UBSAN_OPTIONS"):
   if name in os.environ:
     config.environment[name] = os.environ[name]
 

@@ -21,7 +21,7 @@ from stablehlo_amp._src import program as prog
 from stablehlo_amp._src.loss_scale import LossScale, default_loss_scale
 from stablehlo_amp._src.policy import Policy, as_policy
 from stablehlo_amp._src.transform import (Lowered, _is_float, _name,
-                                          check_options)
+                                          _signature, check_options)
 
 
 def _float_flags(tree: Any, selected: bool) -> list[bool]:
@@ -49,11 +49,17 @@ class _LossScaledProgram:
         options.pop("force_compute", ()))
     if options:
       raise TypeError(f"unexpected options: {', '.join(sorted(options))}")
-    self._last: prog.Program | None = None
+    # Rewritten programs by input signature, for `lower`.
+    self._programs: dict = {}
     self.rewrite_count = 0
 
-  def _build(self, inner: Callable, export_args: tuple, param_flags: list,
-             seed_leaf: int, loss_scale: LossScale,
+  @staticmethod
+  def _key(*inputs) -> Any:
+    leaves, treedef = jax.tree_util.tree_flatten(inputs)
+    return _signature(leaves, treedef, None)
+
+  def _build(self, key: Any, inner: Callable, export_args: tuple,
+             param_flags: list, seed_leaf: int, loss_scale: LossScale,
              state_leaves=()) -> prog.Program:
     self.rewrite_count += 1
     program = prog.build(inner, export_args, {}, param_flags=param_flags,
@@ -61,7 +67,7 @@ class _LossScaledProgram:
                          source_name=_name(self.fun), seed_leaf=seed_leaf,
                          state_leaves=state_leaves,
                          loss_scale=loss_scale.pass_options())
-    self._last = program
+    self._programs[key] = program
     return program
 
 
@@ -96,15 +102,16 @@ class ValueAndGrad(_LossScaledProgram):
     if loss_scale is None:
       loss_scale = default_loss_scale(self.policy.compute_dtype)
     jax_lowered = self._outer.lower(params, args, loss_scale)
-    return Lowered(jax_lowered, self._last)
+    return Lowered(jax_lowered,
+                   self._programs.get(self._key(params, args, loss_scale)))
 
   def _traced(self, params, args, loss_scale):
     seed = jnp.ones((), jnp.float32)
     export_args = (_spec(params, True), _spec(args, False), _spec(seed, False))
     flags = _float_flags(params, True) + _float_flags(args, False) + [False]
     leaves = jax.tree_util.tree_leaves((params, args)) + [seed]
-    program = self._build(self._inner, export_args, flags, len(leaves) - 1,
-                          loss_scale)
+    program = self._build(self._key(params, args, loss_scale), self._inner,
+                          export_args, flags, len(leaves) - 1, loss_scale)
     outputs, extra = program.call(leaves, loss_scale.state())
     loss, aux, grads = jax.tree_util.tree_unflatten(program.out_tree, outputs)
     value = (loss, aux) if self.has_aux else loss
@@ -172,7 +179,7 @@ class TrainStep(_LossScaledProgram):
 
   def lower(self, state: TrainState, batch: Any) -> Lowered:
     jax_lowered = self._outer.lower(state, batch)
-    return Lowered(jax_lowered, self._last)
+    return Lowered(jax_lowered, self._programs.get(self._key(state, batch)))
 
   def _traced(self, state: TrainState, batch):
     seed = jnp.ones((), jnp.float32)
@@ -187,8 +194,9 @@ class TrainStep(_LossScaledProgram):
     # Output leaf 1 + i is the new value of input leaf i (params, then
     # optimizer state): the pass keeps the old one when gradients overflow.
     state_leaves = [(1 + i, i) for i in range(num_params + num_opt)]
-    program = self._build(self._inner, export_args, flags, len(leaves) - 1,
-                          state.loss_scale, state_leaves)
+    program = self._build(self._key(state, batch), self._inner, export_args,
+                          flags, len(leaves) - 1, state.loss_scale,
+                          state_leaves)
     outputs, extra = program.call(leaves, state.loss_scale.state())
     loss, new_params, new_opt_state = jax.tree_util.tree_unflatten(
         program.out_tree, outputs)

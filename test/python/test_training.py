@@ -1,0 +1,573 @@
+"""Tests for the training API: `amp.value_and_grad`, `amp.train_step` and
+`amp.PrecisionHandler`, with loss scaling fused into the compiled step.
+
+What is checked: a step makes no host transfer and is rewritten once; f16
+gradients that underflow without scaling train with it, as in f32; an
+overflowed step is skipped bit for bit and training goes on; embedding
+gradients (scatter-add) stay f32; clipping in an optax chain sees unscaled
+gradients; gradients match JAX's; the defaults.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import stablehlo_amp as amp
+
+F16_POLICY = "p=f32,c=f16,o=f32"
+BF16_POLICY = "p=f32,c=bf16,o=f32"
+F32_POLICY = "p=f32,c=f32,o=f32"
+F16_SMALLEST_SUBNORMAL = 2.0 ** -24  # 5.96e-8
+
+# -- a small MLP regression ----------------------------------------------------
+# Dot dimensions are all >= 8 (XLA:CPU's mixed-precision dots want that).
+
+_KEYS = jax.random.split(jax.random.key(7), 8)
+X = jax.random.normal(_KEYS[0], (160, 8))
+Y = jnp.tanh(X @ (jax.random.normal(_KEYS[1], (8, 8)) / 3))
+PARAMS = {"w1": jax.random.normal(_KEYS[2], (8, 16)) / 3,
+          "b1": jnp.zeros(16),
+          "w2": jax.random.normal(_KEYS[3], (16, 8)) / 4,
+          "b2": jnp.zeros(8)}
+
+
+def mlp(params, x):
+  h = jnp.tanh(x @ params["w1"] + params["b1"])
+  return h @ params["w2"] + params["b2"]
+
+
+def mse(params, batch):
+  x, y = batch
+  return jnp.mean((mlp(params, x) - y) ** 2)
+
+
+def _batch(i: int, size: int = 8):
+  return X[i * size:(i + 1) * size], Y[i * size:(i + 1) * size]
+
+
+def _leaves(tree) -> list[np.ndarray]:
+  return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def _assert_tree_close(actual, expected, rtol):
+  """Leaf by leaf, relative to each leaf's largest magnitude."""
+  assert (jax.tree_util.tree_structure(actual) ==
+          jax.tree_util.tree_structure(expected))
+  for a, e in zip(_leaves(actual), _leaves(expected)):
+    assert a.shape == e.shape
+    scale = float(np.max(np.abs(e))) if e.size else 0.0
+    np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64),
+                               rtol=rtol, atol=rtol * scale)
+
+
+def _f32_training(loss_fn, optimizer, params, batches):
+  """The reference: plain JAX in f32."""
+  @jax.jit
+  def step(params, opt_state, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  opt_state, losses = optimizer.init(params), []
+  for batch in batches:
+    params, opt_state, loss = step(params, opt_state, batch)
+    losses.append(float(loss))
+  return params, opt_state, losses
+
+
+# -- (a) no host round trip ----------------------------------------------------
+
+
+def test_twenty_steps_without_a_host_transfer_and_one_rewrite():
+  step = amp.train_step(mse, optax.adam(1e-2), F16_POLICY)
+  state = step.init(PARAMS)
+  batches = jax.block_until_ready([_batch(i) for i in range(20)])
+  metrics = []
+  with jax.transfer_guard("disallow"):
+    # The guard is live: an implicit host-to-device copy fails. (On CPU,
+    # device-to-host reads are zero-copy and not guarded; what this checks is
+    # that no Python scalar or NumPy constant is sent to a step.)
+    with pytest.raises(Exception, match="Disallowed host-to-device"):
+      jax.jit(lambda a: a + 1)(np.ones(2, np.float32))
+    for batch in batches:
+      state, m = step(state, batch)
+      metrics.append(m)
+  assert step.rewrite_count == 1
+  losses = [float(m["loss"]) for m in metrics]
+  assert all(bool(m["grads_finite"]) for m in metrics)
+  assert int(metrics[-1]["skipped_steps"]) == 0
+  assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+
+
+# -- (b) gradients that underflow in f16 without scaling -----------------------
+
+TINY = 1e-6  # the loss's magnitude: its backward values fall below f16's range
+UNDERFLOW_STEPS = 100
+
+
+def tiny_mse(params, batch):
+  return TINY * mse(params, batch)
+
+
+def _underflow_optimizer():
+  # Adam is insensitive to the gradients' scale, so tiny f32 gradients train
+  # as well as large ones (eps is lowered so as not to swamp them), and a
+  # gradient that underflowed to exactly zero gives exactly no update.
+  return optax.adam(1e-2, eps=1e-20)
+
+
+def test_f16_gradients_underflow_to_zero_without_loss_scaling():
+  batch = (X[:64], Y[:64])
+  x, y = batch
+  # The backward pass starts from d loss / d prediction; in f32 every element
+  # is below half of f16's smallest subnormal, so in f16 it rounds to zero.
+  seed_cotangent = jax.grad(lambda pred: TINY * jnp.mean((pred - y) ** 2))(
+      mlp(PARAMS, x))
+  assert np.count_nonzero(seed_cotangent) == seed_cotangent.size
+  assert np.max(np.abs(seed_cotangent)) < F16_SMALLEST_SUBNORMAL / 2
+  assert not np.any(np.asarray(seed_cotangent, np.float16))
+  ref = jax.grad(tiny_mse)(PARAMS, batch)
+  vg = amp.value_and_grad(tiny_mse, F16_POLICY)
+  (_, grads), finite, _ = vg(PARAMS, batch, loss_scale=amp.NoOpLossScale())
+  unscaled = np.concatenate([g.ravel() for g in _leaves(grads)])
+  assert bool(finite)
+  assert np.mean(unscaled == 0) > 0.9, "expected f16 gradients to underflow"
+  (_, grads), finite, _ = vg(PARAMS, batch, loss_scale=amp.DynamicLossScale())
+  assert bool(finite)
+  scaled = np.concatenate([g.ravel() for g in _leaves(grads)])
+  assert np.count_nonzero(scaled) == scaled.size
+  _assert_tree_close(grads, ref, rtol=1e-2)
+
+
+def test_loss_scaling_trains_f16_like_f32_and_without_it_nothing_moves():
+  batch = (X[:64], Y[:64])
+  batches = [batch] * UNDERFLOW_STEPS
+  _, _, f32_losses = _f32_training(tiny_mse, _underflow_optimizer(), PARAMS,
+                                   batches)
+
+  def f16_training(loss_scale):
+    step = amp.train_step(tiny_mse, _underflow_optimizer(), F16_POLICY,
+                          loss_scale=loss_scale)
+    state, losses = step.init(PARAMS), []
+    for b in batches:
+      state, metrics = step(state, b)
+      losses.append(float(metrics["loss"]))
+    return state, metrics, losses
+
+  scaled_state, scaled_metrics, scaled = f16_training(amp.DynamicLossScale())
+  unscaled_state, _, unscaled = f16_training(amp.NoOpLossScale())
+  print(f"\nunderflow demo after {UNDERFLOW_STEPS} steps: "
+        f"f32 {f32_losses[-1]:.4e}, f16+scaling {scaled[-1]:.4e}, "
+        f"f16 without scaling {unscaled[-1]:.4e} "
+        f"(initial {f32_losses[0]:.4e})")
+  # f32 trains: the loss drops by more than 10x.
+  assert f32_losses[-1] < 0.1 * f32_losses[0]
+  # f16 with dynamic scaling ends within 1% of f32.
+  assert abs(scaled[-1] - f32_losses[-1]) <= 0.01 * f32_losses[-1]
+  assert int(scaled_metrics["skipped_steps"]) == 0
+  # f16 without scaling does not train: zero gradients, no update at all.
+  for before, after in zip(_leaves(PARAMS), _leaves(unscaled_state.params)):
+    np.testing.assert_array_equal(before, after)
+  assert unscaled[-1] >= 0.99 * unscaled[0]
+  assert unscaled[-1] > 10 * f32_losses[-1]
+
+
+# -- (c) an overflowed step is skipped -----------------------------------------
+
+
+def _poisoned(batch, value):
+  x, y = batch
+  return x.at[3, 5].set(value), y
+
+
+def test_overflow_skips_the_step_halves_the_scale_and_training_goes_on():
+  step = amp.train_step(mse, optax.adam(1e-2), F16_POLICY,
+                        loss_scale=amp.DynamicLossScale(2.0 ** 10,
+                                                        growth_interval=1000))
+  state = step.init(PARAMS)
+  for i in range(3):
+    state, metrics = step(state, _batch(i))
+    assert bool(metrics["grads_finite"])
+  scale, skipped = 2.0 ** 10, 0
+  for poison in (jnp.inf, jnp.nan):
+    before = _leaves((state.params, state.opt_state))
+    state, metrics = step(state, _poisoned(_batch(3), poison))
+    after = _leaves((state.params, state.opt_state))
+    assert not bool(metrics["grads_finite"])
+    assert len(before) == len(after)
+    for b, a in zip(before, after):  # adam's mu, nu and count included
+      assert b.dtype == a.dtype
+      assert np.array_equal(b, a), "an overflowed step changed the state"
+    scale /= 2
+    skipped += 1
+    assert float(metrics["loss_scale"]) == scale
+    assert float(state.loss_scale.loss_scale) == scale
+    assert int(state.loss_scale.counter) == 0
+    assert int(metrics["skipped_steps"]) == skipped
+    assert int(state.skipped_steps) == skipped
+    # Normal batches train again, at the lower scale.
+    losses = []
+    for i in range(4, 10):
+      previous = _leaves(state.params)
+      state, metrics = step(state, _batch(i % 4))
+      assert bool(metrics["grads_finite"])
+      assert not all(np.array_equal(p, q) for p, q in
+                     zip(previous, _leaves(state.params)))
+      losses.append(float(metrics["loss"]))
+    assert int(metrics["skipped_steps"]) == skipped
+    assert float(metrics["loss_scale"]) == scale
+    assert losses[-1] < losses[0]
+  assert step.rewrite_count == 1
+
+
+@pytest.mark.parametrize("loss_scale", [amp.StaticLossScale(1024.0),
+                                        amp.NoOpLossScale()],
+                         ids=["static", "noop"])
+def test_overflow_is_skipped_with_a_static_or_no_scale_too(loss_scale):
+  step = amp.train_step(mse, optax.adam(1e-2), F16_POLICY,
+                        loss_scale=loss_scale)
+  state, _ = step(step.init(PARAMS), _batch(0))
+  before = _leaves((state.params, state.opt_state))
+  state, metrics = step(state, _poisoned(_batch(1), jnp.inf))
+  assert not bool(metrics["grads_finite"])
+  for b, a in zip(before, _leaves((state.params, state.opt_state))):
+    assert np.array_equal(b, a)
+  assert int(metrics["skipped_steps"]) == 1
+  assert type(state.loss_scale) is type(loss_scale)
+  assert float(metrics["loss_scale"]) == float(loss_scale.loss_scale)
+  state, metrics = step(state, _batch(2))
+  assert bool(metrics["grads_finite"])
+  assert int(metrics["skipped_steps"]) == 1
+
+
+def big_mse(params, batch):
+  return 1000.0 * mse(params, batch)
+
+
+def test_f16_overflow_at_the_default_scale_backs_off_until_finite():
+  """No injected inf: the scaled backward pass itself overflows f16 at 2**15;
+  each such step is skipped with the scale halved, until it fits."""
+  batch = _batch(0, 16)
+  step = amp.train_step(big_mse, optax.sgd(1e-5), F16_POLICY)
+  state = step.init(PARAMS)
+  scale, flags = 2.0 ** 15, []
+  for _ in range(10):
+    before = _leaves(state.params)
+    state, metrics = step(state, batch)
+    finite = bool(metrics["grads_finite"])
+    flags.append(finite)
+    unchanged = all(np.array_equal(b, a) for b, a in
+                    zip(before, _leaves(state.params)))
+    if finite:
+      assert not unchanged
+    else:
+      assert unchanged
+      scale /= 2
+    assert float(metrics["loss_scale"]) == scale
+  skipped = flags.count(False)
+  assert skipped >= 1, "expected f16 to overflow at 2**15 for this loss"
+  assert flags == [False] * skipped + [True] * (len(flags) - skipped), flags
+  assert int(metrics["skipped_steps"]) == skipped
+  # At the settled scale the gradients are those of f32.
+  vg = amp.value_and_grad(big_mse, F16_POLICY)
+  (_, grads), finite, _ = vg(state.params, batch, loss_scale=state.loss_scale)
+  assert bool(finite)
+  _assert_tree_close(grads, jax.grad(big_mse)(state.params, batch), rtol=1e-2)
+
+
+# -- (d) embedding gradients ---------------------------------------------------
+
+VOCAB, SEQ, DIM, BATCH = 32, 8, 16, 8
+
+
+def _lm_params():
+  k = jax.random.split(jax.random.key(11), 6)
+  return {"tok": jax.random.normal(k[0], (VOCAB, DIM)) * 0.5,
+          "pos": jax.random.normal(k[1], (SEQ, DIM)) * 0.1,
+          "wq": jax.random.normal(k[2], (DIM, DIM)) / 4,
+          "wk": jax.random.normal(k[3], (DIM, DIM)) / 4,
+          "wv": jax.random.normal(k[4], (DIM, DIM)) / 4,
+          "out": jax.random.normal(k[5], (DIM, VOCAB)) / 4}
+
+
+TOKENS = jax.random.randint(jax.random.key(12), (BATCH, SEQ + 1), 0, VOCAB)
+
+
+def lm_loss(params, tokens):
+  """One causal attention layer over token + position embeddings."""
+  inputs, targets = tokens[:, :-1], tokens[:, 1:]
+  h = params["tok"][inputs] + params["pos"][jnp.arange(SEQ)]
+  q, k, v = h @ params["wq"], h @ params["wk"], h @ params["wv"]
+  scores = jnp.einsum("btd,bsd->bts", q, k) / np.sqrt(DIM)
+  mask = jnp.tril(jnp.ones((SEQ, SEQ), bool))
+  attention = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
+  h = h + jnp.einsum("bts,bsd->btd", attention, v)
+  logp = jax.nn.log_softmax(h @ params["out"], axis=-1)
+  return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], axis=-1))
+
+
+_SCATTER = re.compile(r'"stablehlo\.scatter"\((.*?)\n\s*\}\) : \(([^)]*)\) -> '
+                      r'(tensor<[^>]*>)', re.S)
+
+
+def _scatter_adds(text: str) -> list[tuple[list[str], str]]:
+  """(operand types, result type) of every scatter whose body adds."""
+  found = []
+  for match in _SCATTER.finditer(text):
+    body, operands, result = match.groups()
+    if "stablehlo.add" in body:
+      found.append(([t.strip() for t in operands.split(",")], result))
+  return found
+
+
+def test_embedding_gradients_stay_f32_and_finite_in_f16_training():
+  params = _lm_params()
+  step = amp.train_step(lm_loss, optax.adam(1e-2), F16_POLICY)
+  state = step.init(params)
+  assert isinstance(state.loss_scale, amp.DynamicLossScale)
+  assert float(state.loss_scale.loss_scale) == 2.0 ** 15
+  text = step.lower(state, TOKENS).as_text()
+  # The model does run in f16 (the check below is not vacuous) ...
+  assert re.search(r"stablehlo\.dot_general .*tensor<[0-9x]*xf16>", text)
+  # ... and the embedding gradients accumulate in f32.
+  scatters = _scatter_adds(text)
+  results = {result for _, result in scatters}
+  embeddings = {f"tensor<{VOCAB}x{DIM}xf32>", f"tensor<{SEQ}x{DIM}xf32>"}
+  assert embeddings <= results, results
+  for operands, result in scatters:
+    assert result.endswith("xf32>"), (operands, result)
+    operand, _, updates = operands
+    assert operand.endswith("xf32>") and updates.endswith("xf32>"), operands
+
+  finite, losses = [], []
+  for _ in range(8):
+    state, metrics = step(state, TOKENS)
+    finite.append(bool(metrics["grads_finite"]))
+    losses.append(float(metrics["loss"]))
+  settle = 3  # at most a few backoffs from 2**15 before the scale settles
+  assert all(finite[settle:]), finite
+  assert int(metrics["skipped_steps"]) == finite.count(False) <= settle
+  assert losses[-1] < losses[0]
+
+  vg = amp.value_and_grad(lm_loss, F16_POLICY)
+  (loss, grads), grads_finite, ls = vg(params, TOKENS,
+                                      loss_scale=amp.DynamicLossScale())
+  ref_loss, ref_grads = jax.jit(jax.value_and_grad(lm_loss))(params, TOKENS)
+  assert bool(grads_finite) and float(ls.loss_scale) == 2.0 ** 15
+  for name in ("tok", "pos"):
+    assert grads[name].dtype == jnp.float32
+    assert bool(jnp.all(jnp.isfinite(grads[name])))
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-2)
+  _assert_tree_close(grads, ref_grads, rtol=2e-2)
+
+
+# -- (e) clipping sees unscaled gradients --------------------------------------
+
+CLIP_BATCH = (X[:16], jax.random.normal(_KEYS[4], (16, 8)))
+
+
+def small_mse(params, batch):
+  return 0.05 * mse(params, batch)
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)),
+    lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1)),
+], ids=["clip_adam", "clip_sgd"])
+def test_clipping_in_an_optax_chain_sees_unscaled_gradients(make_optimizer):
+  grads = jax.grad(small_mse)(PARAMS, CLIP_BATCH)
+  norm = float(optax.tree.norm(grads))
+  scale = 2.0 ** 15
+  # Clipping is inactive on the true gradients and would bite on scaled ones.
+  assert norm < 1.0 < norm * scale
+  optimizer = make_optimizer()
+  ref_params, ref_opt_state, _ = _f32_training(small_mse, optimizer, PARAMS,
+                                               [CLIP_BATCH])
+  step = amp.train_step(small_mse, optimizer, F16_POLICY,
+                        loss_scale=amp.DynamicLossScale(scale))
+  state, metrics = step(step.init(PARAMS), CLIP_BATCH)
+  assert bool(metrics["grads_finite"])
+  _assert_tree_close(state.params, ref_params, rtol=1e-2)
+  _assert_tree_close(state.opt_state, ref_opt_state, rtol=1e-2)
+
+  # What clipping scaled gradients would give is far from it (the test can
+  # tell the two apart).
+  wrong_params, wrong_opt_state, _ = _f32_training(
+      lambda p, b: scale * small_mse(p, b), optimizer, PARAMS, [CLIP_BATCH])
+  wrong = [(a, w) for a, w in zip(_leaves((state.params, state.opt_state)),
+                                  _leaves((wrong_params, wrong_opt_state)))
+           if a.dtype.kind == "f"]
+  assert not all(np.allclose(a, w, rtol=0.1, atol=0) for a, w in wrong)
+
+
+# -- (f) value_and_grad against JAX --------------------------------------------
+
+TOLERANCE = {F16_POLICY: 1e-2, BF16_POLICY: 5e-2}
+
+
+@pytest.mark.parametrize("policy", [F16_POLICY, BF16_POLICY])
+def test_value_and_grad_matches_jax_in_f32(policy):
+  batch = _batch(0, 16)
+  vg = amp.value_and_grad(mse, policy)
+  (loss, grads), finite, _ = vg(PARAMS, batch)
+  ref_loss, ref_grads = jax.value_and_grad(mse)(PARAMS, batch)
+  assert bool(finite)
+  assert jnp.asarray(loss).dtype == jnp.float32
+  assert all(g.dtype == jnp.float32 for g in jax.tree_util.tree_leaves(grads))
+  np.testing.assert_allclose(loss, ref_loss, rtol=TOLERANCE[policy])
+  _assert_tree_close(grads, ref_grads, rtol=TOLERANCE[policy])
+
+
+def mse_with_aux(params, batch):
+  x, y = batch
+  pred = mlp(params, x)
+  return jnp.mean((pred - y) ** 2), {"pred_mean": jnp.mean(pred),
+                                     "count": jnp.asarray(x.shape[0])}
+
+
+@pytest.mark.parametrize("policy", [F16_POLICY, BF16_POLICY])
+def test_value_and_grad_has_aux(policy):
+  batch = _batch(1, 16)
+  vg = amp.value_and_grad(mse_with_aux, policy, has_aux=True)
+  ((loss, aux), grads), finite, _ = vg(PARAMS, batch)
+  (ref_loss, ref_aux), ref_grads = jax.value_and_grad(
+      mse_with_aux, has_aux=True)(PARAMS, batch)
+  assert bool(finite)
+  assert set(aux) == {"pred_mean", "count"}
+  assert int(aux["count"]) == 16
+  np.testing.assert_allclose(aux["pred_mean"], ref_aux["pred_mean"],
+                             rtol=TOLERANCE[policy], atol=TOLERANCE[policy])
+  np.testing.assert_allclose(loss, ref_loss, rtol=TOLERANCE[policy])
+  _assert_tree_close(grads, ref_grads, rtol=TOLERANCE[policy])
+
+
+# -- (g) defaults and the handler ----------------------------------------------
+
+
+def elementwise_loss(w, x):
+  # No dot: the defaults do not depend on which dots a backend can run.
+  return jnp.sum(jnp.tanh(w * x))
+
+
+@pytest.mark.parametrize("policy, expected", [
+    (F16_POLICY, amp.DynamicLossScale), ("p=f16", amp.DynamicLossScale),
+    (BF16_POLICY, amp.NoOpLossScale), (F32_POLICY, amp.NoOpLossScale)])
+def test_default_loss_scale_follows_the_compute_dtype(policy, expected):
+  w, x = jnp.full((8,), 0.5), jnp.linspace(-1.0, 1.0, 8)
+  step = amp.train_step(elementwise_loss, optax.sgd(0.1), policy)
+  state = step.init(w)
+  assert type(state.loss_scale) is expected
+  assert type(amp.PrecisionHandler(policy).loss_scale) is expected
+  (_, grads), finite, ls = amp.value_and_grad(elementwise_loss, policy)(w, x)
+  assert type(ls) is expected and bool(finite)
+  if expected is amp.DynamicLossScale:
+    assert float(ls.loss_scale) == 2.0 ** 15 and int(ls.counter) == 1
+    assert ls.growth_interval == 2000 and ls.min_scale == 1.0
+  state, metrics = step(state, x)
+  assert set(metrics) == {"loss", "grads_finite", "loss_scale",
+                          "skipped_steps"}
+  assert metrics["loss_scale"].dtype == jnp.float32
+  assert metrics["grads_finite"].dtype == jnp.bool_
+  assert metrics["skipped_steps"].dtype == jnp.int32
+  assert float(metrics["loss_scale"]) == (
+      2.0 ** 15 if expected is amp.DynamicLossScale else 1.0)
+
+
+def test_train_state_fields():
+  step = amp.train_step(mse, optax.adam(1e-3), F16_POLICY)
+  state = step.init(PARAMS)
+  assert isinstance(state, amp.TrainState)
+  assert state._fields == ("params", "opt_state", "loss_scale",
+                           "skipped_steps")
+  assert int(state.skipped_steps) == 0
+  assert state.skipped_steps.dtype == jnp.int32
+
+
+def test_precision_handler_training_step_wrapper_keeps_the_scale_state():
+  handler = amp.PrecisionHandler(
+      F16_POLICY, loss_scale=amp.DynamicLossScale(2.0 ** 4, growth_interval=2))
+  train = handler.training_step_wrapper(mse)
+  batch = _batch(0, 16)
+  loss, grads, grads_finite = train(PARAMS, batch)
+  ref_loss, ref_grads = jax.value_and_grad(mse)(PARAMS, batch)
+  assert bool(grads_finite)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-2)
+  _assert_tree_close(grads, ref_grads, rtol=1e-2)
+  assert isinstance(handler.loss_scale, amp.DynamicLossScale)
+  assert (float(handler.loss_scale.loss_scale),
+          int(handler.loss_scale.counter)) == (16.0, 1)
+  train(PARAMS, batch)
+  assert (float(handler.loss_scale.loss_scale),
+          int(handler.loss_scale.counter)) == (32.0, 0)
+  _, _, grads_finite = train(PARAMS, _poisoned(batch, jnp.inf))
+  assert not bool(grads_finite)
+  assert (float(handler.loss_scale.loss_scale),
+          int(handler.loss_scale.counter)) == (16.0, 0)
+
+
+def test_precision_handler_inference_wrapper():
+  handler = amp.PrecisionHandler(F16_POLICY)
+  x = X[:16]
+  out = handler.inference_wrapper(mlp)(PARAMS, x)
+  assert out.dtype == jnp.float32
+  np.testing.assert_allclose(out, mlp(PARAMS, x), rtol=1e-2, atol=1e-2)
+
+
+def _main_signature(text: str) -> str:
+  match = re.search(r"func\.func public @main\((.*)", text)
+  assert match, text[:500]
+  return match.group(1)
+
+
+def test_lower_gives_the_rewritten_step_its_report_and_executable():
+  step = amp.train_step(mse, optax.sgd(0.1), F16_POLICY)
+  state, batch = step.init(PARAMS), _batch(0)
+  lowered = step.lower(state, batch)
+  signature = _main_signature(lowered.as_text())
+  assert "{amp.loss_scale}" in signature
+  assert "{amp.loss_scale_counter}" in signature
+  assert "{amp.grads_finite}" in signature
+  assert "amp.loss_seed" not in signature
+  assert "stablehlo_amp.gradients" not in lowered.as_text()
+  report = lowered.report()
+  assert isinstance(report, amp.Report)
+  assert "f16" in str(report)
+  new_state, metrics = lowered.compile()(state, batch)
+  ref_state, ref_metrics = step(state, batch)
+  assert float(metrics["loss"]) == float(ref_metrics["loss"])
+  for a, b in zip(_leaves(new_state), _leaves(ref_state)):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("api", ["train_step", "value_and_grad"])
+def test_lower_returns_the_module_of_its_own_arguments(api):
+  small, large = _batch(0, 8), _batch(0, 16)
+  if api == "train_step":
+    step = amp.train_step(mse, optax.sgd(0.1), F16_POLICY)
+    state = step.init(PARAMS)
+    step(state, small)
+    step(state, large)
+    lower = lambda batch: step.lower(state, batch)
+  else:
+    step = amp.value_and_grad(mse, F16_POLICY)
+    step(PARAMS, small)
+    step(PARAMS, large)
+    lower = lambda batch: step.lower(PARAMS, batch)
+  assert step.rewrite_count == 2
+
+  def argument_types(batch):
+    arguments = _main_signature(lower(batch).as_text()).split(") -> (")[0]
+    return re.findall(r"tensor<[^>]*>", arguments)
+
+  # x and y are [8, 8] or [16, 8]; w2 is [16, 8] in both.
+  small_types, large_types = argument_types(small), argument_types(large)
+  assert (small_types.count("tensor<8x8xf32>"),
+          small_types.count("tensor<16x8xf32>")) == (2, 1), small_types
+  assert (large_types.count("tensor<8x8xf32>"),
+          large_types.count("tensor<16x8xf32>")) == (0, 3), large_types
