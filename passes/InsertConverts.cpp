@@ -17,6 +17,7 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/SetVector.h"
+#include "llvm/ADT/SmallPtrSet.h"
 #include "llvm/ADT/StringSet.h"
 
 namespace mlir::amp {
@@ -247,28 +248,34 @@ void InsertConvertsPass::collect(ModuleOp module) {
 void InsertConvertsPass::paint() {
   for (Operation *op : order) {
     Node &node = nodes[op];
-    bool hasFull = llvm::any_of(op->getOperands(),
-                                [&](Value v) { return isFull(v); }) ||
-                   llvm::any_of(op->getResults(),
-                                [&](Value v) { return isFull(v); });
+    bool hasFullOperand =
+        llvm::any_of(op->getOperands(), [&](Value v) { return isFull(v); });
+    bool hasFull = hasFullOperand || llvm::any_of(op->getResults(), [&](
+                                                      Value v) {
+                     return isFull(v);
+                   });
     if (!hasFull)
       continue;
     if (node.forcedLow)
       node.low = true;
     else if (node.forcedHigh)
       node.low = false;
-    else if (parsedLevel == Level::O3)
-      node.low = node.cls != OpClass::Fixed && node.cls != OpClass::Convert;
     else if (node.cls == OpClass::Allow)
-      node.low = true;
+      // A dot whose operands are already low precision (an f32-accumulating
+      // dot in the input, or one this pass emitted) is left as it is.
+      node.low = hasFullOperand;
+    else if (parsedLevel == Level::O3)
+      // Clear ops still only follow their neighbours: data movement never
+      // forces a convert, even at O3.
+      node.low = node.cls == OpClass::Deny || node.cls == OpClass::Infer;
   }
   if (parsedLevel == Level::O2) {
     markDenyDownstream();
     markBetweenAllow();
-    pullClearOpsIntoLowProducers();
   }
-  if (parsedLevel != Level::O3)
-    followLowInputs();
+  if (parsedLevel == Level::O2 || parsedLevel == Level::O3)
+    pullClearOpsIntoLowProducers();
+  followLowInputs();
 }
 
 void InsertConvertsPass::markDenyDownstream() {
@@ -459,25 +466,53 @@ LogicalResult InsertConvertsPass::rewrite(ModuleOp module) {
   };
   llvm::SmallVector<PendingUse> pending;
   llvm::SmallVector<std::pair<Value, Type>> retyped;
+  // A lowered constant stays as it is for its f32 users; each user that
+  // wants the compute dtype gets one re-encoded copy (and a constant left
+  // without users is erased).
+  auto isLowConstant = [&](Value value) {
+    Operation *def = value.getDefiningOp();
+    return def && shlo::isConstant(def) && nodes.count(def) && nodes[def].low;
+  };
+  auto physicalTypeOf = [&](Value value) {
+    return isLowConstant(value) ? value.getType() : newTypeOf(value);
+  };
   auto noteValue = [&](Value value) {
-    Type type = newTypeOf(value);
+    Type type = physicalTypeOf(value);
     if (type != value.getType())
       retyped.push_back({value, type});
+  };
+  auto noteUse = [&](OpOperand &operand, Type wanted) {
+    if (wanted != physicalTypeOf(operand.get()))
+      pending.push_back({&operand, wanted});
   };
   for (auto func : module.getOps<func::FuncOp>())
     for (BlockArgument arg : func.getArguments())
       noteValue(arg);
   llvm::SmallVector<Operation *> lowAppliers;
   for (Operation *op : order) {
-    for (OpOperand &operand : op->getOpOperands()) {
-      Type wanted = wantedType(operand);
-      if (wanted != newTypeOf(operand.get()))
-        pending.push_back({&operand, wanted});
-    }
+    for (OpOperand &operand : op->getOpOperands())
+      noteUse(operand, wantedType(operand));
     for (Value result : op->getResults())
       noteValue(result);
-    if (nodes[op].low && shlo::hasApplierRegions(op))
+    if (!shlo::hasApplierRegions(op))
+      continue;
+    bool low = nodes[op].low;
+    if (low)
       lowAppliers.push_back(op);
+    // Values the body captures from outside (jax.export hoists a
+    // comparator's constants) take the body's precision.
+    op->walk([&](Operation *inner) {
+      if (inner == op)
+        return;
+      for (OpOperand &operand : inner->getOpOperands()) {
+        Value value = operand.get();
+        if (!isFull(value) || op->isAncestor(value.getParentRegion()->getParentOp()))
+          continue;
+        noteUse(operand, low ? shlo::withElementType(value.getType(),
+                                                      computeType)
+                             : value.getType());
+      }
+    });
   }
 
   for (auto [value, type] : retyped)
@@ -501,13 +536,6 @@ LogicalResult InsertConvertsPass::rewrite(ModuleOp module) {
       });
     }
   }
-  // Lowered constants are re-encoded where they stand.
-  for (Operation *op : order)
-    if (shlo::isConstant(op) && nodes[op].low) {
-      Type element = shlo::getFloatElementType(op->getResult(0).getType());
-      if (element)
-        shlo::reencodeConstantInPlace(op, element, &saturatedAny);
-    }
 
   // Each value is converted at most once per target type.
   llvm::DenseMap<std::pair<Value, Type>, Value> converted;
@@ -534,6 +562,16 @@ LogicalResult InsertConvertsPass::rewrite(ModuleOp module) {
                                              builder.getUnitAttr());
     }
     use.operand->set(replacement);
+  }
+
+  llvm::SmallPtrSet<Operation *, 8> deadConstants;
+  for (Operation *op : order)
+    if (shlo::isConstant(op) && nodes[op].low && op->use_empty())
+      deadConstants.insert(op);
+  llvm::erase_if(order, [&](Operation *op) { return deadConstants.count(op); });
+  for (Operation *op : deadConstants) {
+    nodes.erase(op);
+    op->erase();
   }
 
   // Function signatures follow their arguments and returns.

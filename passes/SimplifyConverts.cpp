@@ -73,24 +73,36 @@ private:
       producer->erase();
   }
 
-  /// Converts of one value to one type within a block become one.
+  /// Converts of one value to one type become one: a later convert in the
+  /// same block, or one nested in a region (a `case` branch, a loop body) of
+  /// an op that comes after the first convert, uses the first.
   void mergeDuplicates() {
     llvm::SmallVector<Operation *> converts;
-    getOperation().walk([&](Operation *op) {
+    getOperation().walk<WalkOrder::PreOrder>([&](Operation *op) {
       if (shlo::isConvert(op) && op->getNumOperands() == 1)
         converts.push_back(op);
     });
     llvm::DenseMap<std::tuple<Block *, Value, Type>, Operation *> first;
     for (Operation *convert : converts) {
-      auto key = std::make_tuple(convert->getBlock(), convert->getOperand(0),
-                                 convert->getResult(0).getType());
-      auto [it, inserted] = first.try_emplace(key, convert);
-      if (inserted)
+      Value input = convert->getOperand(0);
+      Type type = convert->getResult(0).getType();
+      Operation *kept = nullptr;
+      // The convert's own block, then each enclosing block up to the one
+      // that defines the input.
+      for (Operation *at = convert; at && !kept; at = at->getParentOp()) {
+        Block *block = at->getBlock();
+        if (!block)
+          break;
+        auto it = first.find(std::make_tuple(block, input, type));
+        if (it != first.end() && it->second->isBeforeInBlock(at))
+          kept = it->second;
+        if (input.getParentBlock() == block)
+          break;
+      }
+      if (!kept) {
+        first.try_emplace(std::make_tuple(convert->getBlock(), input, type),
+                          convert);
         continue;
-      Operation *kept = it->second;
-      if (!kept->isBeforeInBlock(convert)) {
-        // Keep the earlier one so it dominates every use.
-        kept->moveBefore(convert);
       }
       convert->getResult(0).replaceAllUsesWith(kept->getResult(0));
       convert->erase();

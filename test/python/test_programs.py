@@ -29,20 +29,11 @@ from programs import (ADAM_LR, FIGURES, PROGRAMS, PROGRAMS_BY_NAME, Figures,
                       Program, first_line, compute_dtype_name,
                       relative_error, tolerances)
 
-# Library bugs found by this suite. Each such case
-# still asserts the right behaviour and is marked xfail(strict=True) only so
-# the rest of the suite runs; fixing the library turns it into an XPASS,
-# which fails, so the mark must then be removed.
 
-
-
-def _cases(test: str):
+def _cases():
   for program in PROGRAMS:
     for policy in program.policies:
-      bug = KNOWN_BUGS.get((program.name, policy, test))
-      marks = ([pytest.mark.xfail(strict=True, reason=bug[0], raises=bug[1])]
-               if bug else [])
-      yield pytest.param(program, policy, marks=marks,
+      yield pytest.param(program, policy,
                          id=f"{program.name}-{policy}")
 
 
@@ -414,7 +405,7 @@ def test_f32_program_has_expected_structure(program: Program):
 
 # -- rewritten module ------------------------------------------------------------
 
-@pytest.mark.parametrize("program, policy", list(_cases("verifies")))
+@pytest.mark.parametrize("program, policy", list(_cases()))
 def test_rewritten_module_verifies_with_jaxlib(program: Program, policy: str):
   r = run(program.name, policy)
   module = r.module  # parses and verifies
@@ -425,7 +416,7 @@ def test_rewritten_module_verifies_with_jaxlib(program: Program, policy: str):
   assert {t for t in results if is_float(t)} == {params["o"]}
 
 
-@pytest.mark.parametrize("program, policy", list(_cases("deny")))
+@pytest.mark.parametrize("program, policy", list(_cases()))
 def test_exp_log_and_sum_reductions_stay_f32(program: Program, policy: str):
   r = run(program.name, policy)
   assert deny_violations(r.module) == []
@@ -441,7 +432,7 @@ def test_exp_log_and_sum_reductions_stay_f32(program: Program, policy: str):
   assert r.report.lowered["stablehlo.log"] == 0
 
 
-@pytest.mark.parametrize("program, policy", list(_cases("allow")))
+@pytest.mark.parametrize("program, policy", list(_cases()))
 def test_dots_lowered_and_convolutions_f32_on_cpu(program: Program, policy: str):
   r = run(program.name, policy)
   compute = compute_dtype_name(policy)
@@ -455,14 +446,14 @@ def test_dots_lowered_and_convolutions_f32_on_cpu(program: Program, policy: str)
   assert r.report.lowered["stablehlo.convolution"] == 0
 
 
-@pytest.mark.parametrize("program, policy", list(_cases("converts")))
+@pytest.mark.parametrize("program, policy", list(_cases()))
 def test_no_value_converted_twice_to_one_type(program: Program, policy: str):
   r = run(program.name, policy)
   assert duplicate_converts(r.module) == []
   assert r.report.converts_total == count_ops(r.module, "stablehlo.convert")
 
 
-@pytest.mark.parametrize("program, policy", list(_cases("targets")))
+@pytest.mark.parametrize("program, policy", list(_cases()))
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
 def test_rewrite_module_targets(program: Program, policy: str, target: str):
   """`amp.rewrite_module` on the f32 module text, per target: convolutions
@@ -485,7 +476,7 @@ def test_rewrite_module_targets(program: Program, policy: str, target: str):
 
 # -- compiled and run ------------------------------------------------------------
 
-@pytest.mark.parametrize("program, policy", list(_cases("post_compile")))
+@pytest.mark.parametrize("program, policy", list(_cases()))
 def test_compiled_hlo_has_no_dot_xla_cpu_cannot_run(program: Program,
                                                     policy: str):
   r = run(program.name, policy)
@@ -532,7 +523,7 @@ def _check_outputs(program: Program, policy: str, actual: list,
   return max(errors)
 
 
-@pytest.mark.parametrize("program, policy", list(_cases("numerics")))
+@pytest.mark.parametrize("program, policy", list(_cases()))
 def test_runs_through_xla_and_matches_f32(program: Program, policy: str):
   r = run(program.name, policy)
   args = r.args
@@ -549,7 +540,7 @@ def test_runs_through_xla_and_matches_f32(program: Program, policy: str):
                                          f32_outputs(program.name))
 
 
-@pytest.mark.parametrize("program, policy", list(_cases("numerics")))
+@pytest.mark.parametrize("program, policy", list(_cases()))
 def test_transformed_call_equals_compiled(program: Program, policy: str):
   """`fast(*args)`, the user's path, runs the executable the checks saw."""
   r = run(program.name, policy)
