@@ -27,7 +27,8 @@ $(VENV)/.deps: pyproject.toml | $(MLIR_DIR)/MLIRConfig.cmake
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" cmake ninja \
-	  "jax==0.10.2" "jaxlib==0.10.2" numpy "pytest>=8" "lit>=18" "optax>=0.2" "hypothesis>=6"
+	  "jax==0.10.2" "jaxlib==0.10.2" numpy "pytest>=8" "lit>=18" "optax>=0.2" "hypothesis>=6" \
+	  "flax==0.12.8" "equinox==0.13.8" matplotlib
 	touch $@
 
 build: $(VENV)/.built

@@ -11,11 +11,13 @@ program with no host round trip.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
+
+if TYPE_CHECKING:
+  import optax
 
 from stablehlo_amp._src import program as prog
 from stablehlo_amp._src.loss_scale import LossScale, default_loss_scale
@@ -151,13 +153,15 @@ class TrainStep(_LossScaledProgram):
   """`amp.train_step(...)`: ``state = step.init(params)``, then
   ``state, metrics = step(state, batch)``."""
 
-  def __init__(self, loss_fn: Callable, optimizer: optax.GradientTransformation,
+  def __init__(self, loss_fn: Callable, optimizer: "optax.GradientTransformation",
                policy: Policy | str, loss_scale: LossScale | None,
                donate: bool, **options):
     super().__init__(loss_fn, policy, options)
     self.optimizer = optimizer
     self._initial_loss_scale = (loss_scale if loss_scale is not None else
                                 default_loss_scale(self.policy.compute_dtype))
+
+    import optax  # only the training step needs it
 
     def module_fn(params, opt_state, batch, seed):
       loss, vjp = jax.vjp(lambda p: loss_fn(p, batch), params)
@@ -209,7 +213,7 @@ class TrainStep(_LossScaledProgram):
     return TrainState(new_params, new_opt_state, loss_scale, skipped), metrics
 
 
-def train_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
+def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
                policy: Policy | str = "p=f32,c=f16,o=f32", *,
                loss_scale: LossScale | None = None, donate: bool = False,
                **options) -> TrainStep:
