@@ -1,0 +1,573 @@
+"""Shared by the benchmarks: data, the two models, compiled-program
+measurements (memory, converts, dots in the optimized HLO), the interleaved
+step loop, tables and JSON.
+
+Imports neither stablehlo_amp nor the peer libraries, so it also runs on a
+machine that has only JAX (the GPU script's fallback paths).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import platform
+import re
+import statistics
+import sysconfig
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+# --------------------------------------------------------------------------
+# Data: the standard library's own source, as byte-pair tokens (vocab 512).
+
+
+def corpus_bytes(max_bytes: int = 1_500_000) -> np.ndarray:
+  """Bytes of the standard library's .py files in a fixed order."""
+  root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+  chunks, total = [], 0
+  for path in sorted(root.glob("*.py")):
+    data = path.read_bytes()
+    chunks.append(data)
+    total += len(data)
+    if total >= max_bytes:
+      break
+  return np.frombuffer(b"".join(chunks)[:max_bytes], dtype=np.uint8)
+
+
+def byte_pair_tokens(data: np.ndarray, vocab: int = 512) -> np.ndarray:
+  """One round of byte-pair merging: the `vocab - 256` most frequent adjacent
+  byte pairs become tokens 256.., merged greedily left to right."""
+  data = data.astype(np.int64)
+  pairs = data[:-1] * 256 + data[1:]
+  merges = vocab - 256
+  top = np.argsort(-np.bincount(pairs, minlength=65536), kind="stable")[:merges]
+  rank = np.full(65536, -1, np.int64)
+  rank[top] = np.arange(merges)
+  candidate = rank[pairs] >= 0
+  index = np.arange(len(candidate))
+  # In a run of overlapping candidates, greedy merging takes every other one.
+  last_break = np.maximum.accumulate(np.where(candidate, -1, index))
+  merged = candidate & ((index - last_break - 1) % 2 == 0)
+  tokens = data.copy()
+  tokens[:-1][merged] = 256 + rank[pairs[merged]]
+  consumed = np.zeros(len(data), bool)
+  consumed[1:] = merged
+  return tokens[~consumed].astype(np.int32)
+
+
+# --------------------------------------------------------------------------
+# Models. `full(fn, out_dtype)` wraps the precision-sensitive pieces (layer
+# norm, softmax, the loss): the identity for every variant but MPX, whose
+# recipe is `mpx.force_full_precision` there.
+
+
+def _identity_full(fn, out_dtype=None):
+  del out_dtype
+  return fn
+
+
+@dataclasses.dataclass(frozen=True)
+class LMConfig:
+  vocab: int = 512
+  d_model: int = 256
+  heads: int = 4
+  layers: int = 4
+  seq: int = 128
+  batch: int = 16
+  learning_rate: float = 3e-3
+
+
+def lm_init(key: jax.Array, config: LMConfig) -> dict:
+  d = config.d_model
+  keys = iter(jax.random.split(key, 4 + 4 * config.layers))
+  normal = lambda shape, scale: scale * jax.random.normal(next(keys), shape)
+  params = {
+      "embed": normal((config.vocab, d), 0.02),
+      "pos": normal((config.seq, d), 0.02),
+      "ln_f": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
+      "layers": [],
+  }
+  for _ in range(config.layers):
+    params["layers"].append({
+        "ln1": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
+        "qkv": normal((d, 3 * d), d ** -0.5),
+        "proj": normal((d, d), d ** -0.5 / config.layers),
+        "ln2": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
+        "up": normal((d, 4 * d), d ** -0.5),
+        "up_bias": jnp.zeros(4 * d),
+        "down": normal((4 * d, d), (4 * d) ** -0.5 / config.layers),
+    })
+  return params
+
+
+def _layer_norm(x, p):
+  mean = x.mean(-1, keepdims=True)
+  var = ((x - mean) ** 2).mean(-1, keepdims=True)
+  return (x - mean) * jax.lax.rsqrt(var + 1e-5) * p["scale"] + p["bias"]
+
+
+def lm_forward(params, tokens, config: LMConfig, full=_identity_full):
+  """Pre-LN decoder: causal attention, GELU MLP, tied embedding."""
+  b, s = tokens.shape
+  d, h = config.d_model, config.heads
+  x = params["embed"][tokens] + params["pos"][:s]
+  half = x.dtype
+  layer_norm = full(_layer_norm, half)
+  softmax = full(lambda z: jax.nn.softmax(z, axis=-1), half)
+  mask = jnp.tril(jnp.ones((s, s), bool))
+  for layer in params["layers"]:
+    y = layer_norm(x, layer["ln1"])
+    q, k, v = jnp.split(y @ layer["qkv"], 3, axis=-1)
+    q, k, v = (t.reshape(b, s, h, d // h) for t in (q, k, v))
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / (d // h) ** 0.5
+    logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    y = jnp.einsum("bhqk,bkhd->bqhd", softmax(logits), v).reshape(b, s, d)
+    x = x + y @ layer["proj"]
+    y = layer_norm(x, layer["ln2"])
+    y = jax.nn.gelu(y @ layer["up"] + layer["up_bias"])
+    x = x + y @ layer["down"]
+  x = layer_norm(x, params["ln_f"])
+  return x @ params["embed"].T
+
+
+def _cross_entropy(logits, targets):
+  logp = jax.nn.log_softmax(logits)
+  return -jnp.take_along_axis(logp, targets[..., None], -1).mean()
+
+
+def lm_loss(params, batch, config: LMConfig, full=_identity_full,
+            output_cast=lambda x: x):
+  inputs, targets = batch[:, :-1], batch[:, 1:]
+  logits = output_cast(lm_forward(params, inputs, config, full))
+  return full(_cross_entropy, jnp.float32)(logits, targets)
+
+
+@dataclasses.dataclass(frozen=True)
+class MLPConfig:
+  sizes: tuple = (784, 1024, 1024, 10)
+  batch: int = 256
+  learning_rate: float = 1e-3
+  teacher_hidden: int = 256
+
+
+def mlp_init(key: jax.Array, config: MLPConfig) -> list:
+  params = []
+  for fan_in, fan_out, k in zip(config.sizes[:-1], config.sizes[1:],
+                                jax.random.split(key, len(config.sizes) - 1)):
+    params.append({"w": jax.random.normal(k, (fan_in, fan_out)) *
+                        (2.0 / fan_in) ** 0.5,
+                   "b": jnp.zeros(fan_out)})
+  return params
+
+
+def mlp_forward(params, x, full=_identity_full):
+  del full
+  for i, layer in enumerate(params):
+    x = x @ layer["w"] + layer["b"]
+    if i < len(params) - 1:
+      x = jax.nn.relu(x)
+  return x
+
+
+def mlp_loss(params, batch, config: MLPConfig, full=_identity_full,
+             output_cast=lambda x: x):
+  del config
+  x, y = batch
+  logits = output_cast(mlp_forward(params, x, full))
+  return full(_cross_entropy, jnp.float32)(logits, y)
+
+
+def teacher_batches(config: MLPConfig, seed: int) -> Iterator[tuple]:
+  """Gaussian inputs labelled by a fixed random tanh network (the teacher is
+  the same for every seed; `seed` picks the inputs)."""
+  teacher = np.random.default_rng(1234)
+  w1 = teacher.standard_normal((config.sizes[0], config.teacher_hidden))
+  w1 /= np.sqrt(config.sizes[0])
+  w2 = teacher.standard_normal((config.teacher_hidden, config.sizes[-1]))
+  w2 *= 3 / np.sqrt(config.teacher_hidden)
+  rng = np.random.default_rng(seed)
+  while True:
+    x = rng.standard_normal((config.batch, config.sizes[0])).astype(np.float32)
+    y = np.argmax(np.tanh(x @ w1) @ w2, -1).astype(np.int32)
+    yield x, y
+
+
+def window_batches(tokens: np.ndarray, batch: int, seq: int,
+                   seed: int) -> Iterator[np.ndarray]:
+  """Random windows of seq+1 tokens, the same sequence for the same seed."""
+  rng = np.random.default_rng(seed)
+  while True:
+    starts = rng.integers(0, len(tokens) - seq - 1, batch)
+    yield np.stack([tokens[s:s + seq + 1] for s in starts])
+
+
+@dataclasses.dataclass
+class Model:
+  """One benchmarked model: f32 parameters, a loss, an optimizer, data."""
+  name: str
+  description: str
+  params: Any
+  loss: Callable  # loss(params, batch, full=..., output_cast=...)
+  optimizer: optax.GradientTransformation
+  train: Iterator
+  held_out: list  # host batches, the same for every variant
+
+
+def make_lm(config: LMConfig, eval_batches: int = 8) -> Model:
+  tokens = byte_pair_tokens(corpus_bytes(), config.vocab)
+  cut = int(len(tokens) * 0.9)
+  train, held = tokens[:cut], tokens[cut:]
+  held_iter = window_batches(held, config.batch, config.seq, seed=1)
+  return Model(
+      name="lm",
+      description=(f"transformer LM: {config.layers} layers, d_model "
+                   f"{config.d_model}, {config.heads} heads, seq {config.seq}, "
+                   f"batch {config.batch}, vocab {config.vocab} (byte pairs of "
+                   f"stdlib source, {len(tokens):,} tokens), pre-LN, GELU, "
+                   f"adam {config.learning_rate}"),
+      params=lm_init(jax.random.key(0), config),
+      loss=lambda p, b, **kw: lm_loss(p, b, config, **kw),
+      optimizer=optax.adam(config.learning_rate),
+      train=window_batches(train, config.batch, config.seq, seed=0),
+      held_out=[next(held_iter) for _ in range(eval_batches)])
+
+
+def make_mlp(config: MLPConfig, eval_batches: int = 8) -> Model:
+  held_iter = teacher_batches(config, seed=1)
+  sizes = "-".join(map(str, config.sizes))
+  return Model(
+      name="mlp",
+      description=(f"MLP {sizes}, ReLU, batch {config.batch}, teacher-labelled "
+                   f"Gaussian inputs, adam {config.learning_rate}"),
+      params=mlp_init(jax.random.key(0), config),
+      loss=lambda p, b, **kw: mlp_loss(p, b, config, **kw),
+      optimizer=optax.adam(config.learning_rate),
+      train=teacher_batches(config, seed=0),
+      held_out=[next(held_iter) for _ in range(eval_batches)])
+
+
+# --------------------------------------------------------------------------
+# Compiled-program measurements.
+
+
+def tree_cast(tree: Any, dtype) -> Any:
+  """Float leaves to `dtype`; everything else unchanged."""
+  def cast(x):
+    if jnp.issubdtype(jnp.result_type(x), jnp.floating):
+      return jnp.asarray(x).astype(dtype)
+    return x
+  return jax.tree_util.tree_map(cast, tree)
+
+
+def memory(compiled) -> dict:
+  """Bytes: argument, output, temp, alias, and total = arg + out + temp - alias."""
+  m = compiled.memory_analysis()
+  if m is None:
+    return {}
+  out = {"argument": m.argument_size_in_bytes, "output": m.output_size_in_bytes,
+         "temp": m.temp_size_in_bytes, "alias": m.alias_size_in_bytes}
+  out["total"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+  return out
+
+
+_CONVERT = re.compile(r"\bstablehlo\.convert\b")
+
+
+def count_converts(stablehlo_text: str) -> int:
+  return len(_CONVERT.findall(stablehlo_text))
+
+
+def _balanced(text: str, start: int) -> tuple[str, int]:
+  """The text inside the parentheses opening at `start`, and the index after."""
+  depth = 0
+  for i in range(start, len(text)):
+    if text[i] == "(":
+      depth += 1
+    elif text[i] == ")":
+      depth -= 1
+      if depth == 0:
+        return text[start + 1:i], i + 1
+  return text[start + 1:], len(text)
+
+
+def _split_top(text: str) -> list[str]:
+  parts, depth, current = [], 0, []
+  for ch in text:
+    if ch in "([{":
+      depth += 1
+    elif ch in ")]}":
+      depth -= 1
+    if ch == "," and depth == 0:
+      parts.append("".join(current).strip())
+      current = []
+    else:
+      current.append(ch)
+  if "".join(current).strip():
+    parts.append("".join(current).strip())
+  return parts
+
+
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+_CALLS = re.compile(r"calls=%?([\w.\-]+)")
+_FUSION_KIND = re.compile(r'"kind"\s*:\s*"([\w$]+)"')
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_GEMM_TARGET = re.compile(r"gemm|matmul", re.I)
+
+
+def hlo_dots(hlo_text: str) -> dict:
+  """Every dot in an optimized HLO module (fusion bodies included; cuBLAS
+  gemm custom calls count as dots), by operand element types.
+
+  Returns counts (`total`, `low`: both operands bf16/f16, `mixed`, `f32`,
+  `low_in_custom_fusion`: low dots inside a backend fusion such as
+  `__ynn_fusion` or `__triton_gemm`, `low_outside_fusion`: the others; on
+  XLA:CPU a bf16 x bf16 -> f32 dot outside a YNN fusion fails at run time)
+  and `dots`: one record per dot.
+  """
+  types: dict[str, str] = {}
+  parsed = []
+  computation = None
+  fusion_kind_of: dict[str, str] = {}
+  for line in hlo_text.splitlines():
+    header = _HEADER.match(line)
+    if header and " = " not in line.split("(")[0]:
+      computation = header.group(1)
+      continue
+    match = _INSTR.match(line)
+    if not match:
+      continue
+    name, rest = match.group(1), line[match.end():]
+    if rest.startswith("("):
+      inner, end = _balanced(rest, 0)
+      result_type, rest = "(" + inner + ")", rest[end:].lstrip()
+    else:
+      result_type, _, rest = rest.partition(" ")
+    types[name] = result_type
+    opcode_match = re.match(r"([\w\-]+)\(", rest)
+    if not opcode_match:
+      continue
+    opcode = opcode_match.group(1)
+    operands_text, end = _balanced(rest, opcode_match.end() - 1)
+    after = rest[end:]
+    if opcode == "fusion":
+      calls = _CALLS.search(after)
+      kind = _FUSION_KIND.search(after)
+      if calls:
+        fusion_kind_of[calls.group(1)] = kind.group(1) if kind else ""
+    target = _TARGET.search(after)
+    if opcode == "dot" or (opcode == "custom-call" and target and
+                           _GEMM_TARGET.search(target.group(1))):
+      op_name = _OP_NAME.search(after)
+      parsed.append({"name": name, "computation": computation,
+                     "opcode": opcode if opcode == "dot" else target.group(1),
+                     "result": result_type,
+                     "operands": _split_top(operands_text)[:2],
+                     "op_name": op_name.group(1) if op_name else ""})
+  element = lambda t: t.lstrip("(").split("[")[0]
+  counts = {"total": 0, "low": 0, "mixed": 0, "f32": 0, "other": 0,
+            "low_in_custom_fusion": 0, "low_outside_fusion": 0}
+  records = []
+  for dot in parsed:
+    operand_types = []
+    for operand in dot["operands"]:
+      token = operand.split()[-1].lstrip("%") if operand else ""
+      if "[" in operand.split()[0] and len(operand.split()) > 1:
+        operand_types.append(operand.split()[0])  # printed inline
+      else:
+        operand_types.append(types.get(token, "?"))
+    elements = [element(t) for t in operand_types]
+    low = [e in ("bf16", "f16") for e in elements]
+    kind = ("low" if low and all(low) else "mixed" if any(low) else
+            "f32" if elements and all(e == "f32" for e in elements) else
+            "other")
+    fusion = fusion_kind_of.get(dot["computation"], "")
+    counts["total"] += 1
+    counts[kind] += 1
+    if kind == "low" and fusion.startswith("__"):
+      counts["low_in_custom_fusion"] += 1
+    elif kind == "low":
+      counts["low_outside_fusion"] += 1
+    records.append({"kind": kind, "operands": operand_types,
+                    "result": dot["result"], "fusion": fusion,
+                    "op_name": dot["op_name"], "opcode": dot["opcode"]})
+  return {**counts, "dots": records}
+
+
+# --------------------------------------------------------------------------
+# Variants and the interleaved step loop.
+
+
+@dataclasses.dataclass
+class Built:
+  """A variant ready to run: its compiled step and what was measured on it."""
+  name: str
+  label: str  # how the table shows it
+  state: Any
+  run: Callable  # run(state, batch) -> (state, loss, grads_finite)
+  params_of: Callable  # state -> parameters (any float dtype)
+  compiled: Any  # jax.stages.Compiled
+  stablehlo: str  # the StableHLO module XLA was given
+  compile_s: float  # trace + lower (+ rewrite) + XLA compile
+  notes: dict = dataclasses.field(default_factory=dict)
+  batch_cast: Callable = lambda b: b  # host batch -> what the step takes
+
+
+def timed_build(fn: Callable) -> tuple[Any, float]:
+  start = time.perf_counter()
+  value = fn()
+  return value, time.perf_counter() - start
+
+
+def run_interleaved(builts: Sequence[Built], batches: Iterator, steps: int,
+                    progress: Callable[[int], None] | None = None,
+                    deadline: float | None = None) -> dict:
+  """Runs every variant one step at a time on the same batch, rotating the
+  order each step so no variant always follows the same neighbour.
+
+  Returns per-variant lists: seconds per step, train loss, grads finite.
+  """
+  states = {b.name: b.state for b in builts}
+  log = {b.name: {"seconds": [], "loss": [], "finite": []} for b in builts}
+  done = 0
+  for i in range(steps):
+    host = next(batches)
+    for k in range(len(builts)):
+      b = builts[(i + k) % len(builts)]
+      batch = jax.block_until_ready(jax.device_put(b.batch_cast(host)))
+      start = time.perf_counter()
+      out = b.run(states[b.name], batch)
+      out = jax.block_until_ready(out)
+      seconds = time.perf_counter() - start
+      states[b.name], loss, finite = out
+      log[b.name]["seconds"].append(seconds)
+      log[b.name]["loss"].append(float(loss))
+      log[b.name]["finite"].append(bool(finite))
+    done = i + 1
+    if progress:
+      progress(done)
+    if deadline is not None and time.perf_counter() > deadline:
+      break
+  for b in builts:
+    b.state = states[b.name]
+  return {"steps": done, "log": log}
+
+
+def held_out_loss(model: Model, params: Any, eval_fn) -> float:
+  params = tree_cast(params, jnp.float32)
+  return float(np.mean([float(eval_fn(params, jnp.asarray(b) if not
+                                      isinstance(b, tuple) else
+                                      tuple(map(jnp.asarray, b))))
+                        for b in model.held_out]))
+
+
+def summarize(model: Model, builts: Sequence[Built], run: dict, warmup: int,
+              baseline: str = "f32") -> list[dict]:
+  """One row per variant: ratios against `baseline` and the raw numbers."""
+  eval_fn = jax.jit(lambda p, b: model.loss(p, b))
+  log = run["log"]
+  base = log[baseline]["seconds"][warmup:] if baseline in log else None
+  rows = []
+  base_memory = None
+  for b in builts:
+    seconds = log[b.name]["seconds"]
+    timed = seconds[warmup:] or seconds
+    finite = log[b.name]["finite"]
+    first_finite = next((i for i, f in enumerate(finite) if f), len(finite))
+    mem = memory(b.compiled)
+    if b.name == baseline:
+      base_memory = mem
+    dots = hlo_dots(b.compiled.as_text())
+    row = {
+        "variant": b.name, "label": b.label,
+        "step_ms_median": 1e3 * statistics.median(timed),
+        "step_ms_all": [1e3 * s for s in seconds],
+        "step_vs_f32": (statistics.median(
+            [t / f for t, f in zip(timed, base)]) if base else None),
+        "memory": mem,
+        "compile_s": b.compile_s,
+        "converts": count_converts(b.stablehlo),
+        "dots": {k: v for k, v in dots.items() if k != "dots"},
+        "dot_records": dots["dots"],
+        "held_out_loss": held_out_loss(model, b.params_of(b.state), eval_fn),
+        "train_loss_last10": float(np.mean(log[b.name]["loss"][-10:])),
+        "train_loss": log[b.name]["loss"],
+        "skipped_steps": int(sum(not f for f in finite)),
+        "skipped_after_settle": int(sum(not f for f in finite[first_finite:])),
+        "first_finite_step": first_finite,
+        "notes": b.notes,
+    }
+    rows.append(row)
+  base_row = next((r for r in rows if r["variant"] == baseline), None)
+  for row in rows:
+    if base_row:
+      row["held_out_delta"] = row["held_out_loss"] - base_row["held_out_loss"]
+    if base_memory and row["memory"]:
+      row["memory_total_vs_f32"] = (row["memory"]["total"] /
+                                    base_memory["total"])
+      # XLA:CPU often needs next to no temp in f32 (the MLP: 68 bytes), where
+      # a ratio says nothing: the table shows MiB alone then.
+      row["memory_temp_vs_f32"] = (
+          row["memory"]["temp"] / base_memory["temp"]
+          if base_memory["temp"] >= 2 ** 20 else None)
+  return rows
+
+
+def _fmt(value, spec: str, missing: str = "–", suffix: str = "") -> str:
+  return missing if value is None else format(value, spec) + suffix
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+  head = ("| variant | step vs f32 | step ms | memory total vs f32 (MiB) | "
+          "temp vs f32 (MiB) | compile s | converts | low-prec dots in "
+          "optimized HLO | held-out loss (Δ vs f32) | skipped (after settle) |")
+  lines = [head, "|" + "---|" * 10]
+  for r in rows:
+    mem = r["memory"] or {}
+    d = r["dots"]
+    dots = f"{d['low']}/{d['total']}"
+    if d["mixed"]:
+      dots += f", {d['mixed']} mixed"
+    if d["low_outside_fusion"]:
+      dots += f" ({d['low_outside_fusion']} unfused)"
+    lines.append(
+        f"| {r['label']} | {_fmt(r.get('step_vs_f32'), '.2f', suffix='×')} | "
+        f"{r['step_ms_median']:.1f} | "
+        f"{_fmt(r.get('memory_total_vs_f32'), '.2f', suffix='×')} "
+        f"({mem.get('total', 0) / 2**20:.1f}) | "
+        f"{_fmt(r.get('memory_temp_vs_f32'), '.2f', suffix='×')} "
+        f"({mem.get('temp', 0) / 2**20:.1f}) | {r['compile_s']:.1f} | "
+        f"{r['converts']} | {dots} | {r['held_out_loss']:.4f} "
+        f"({r.get('held_out_delta', 0):+.4f}) | {r['skipped_steps']} "
+        f"({r['skipped_after_settle']}) |")
+  return "\n".join(lines)
+
+
+def environment() -> dict:
+  return {
+      "jax": jax.__version__,
+      "jaxlib": getattr(__import__("jaxlib"), "__version__", None),
+      "backend": jax.default_backend(),
+      "devices": [str(d) for d in jax.devices()],
+      "device_kind": jax.devices()[0].device_kind,
+      "cpu_count": os.cpu_count(),
+      "loadavg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+      "python": platform.python_version(),
+      "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+  }
+
+
+def write_json(path: pathlib.Path, data: dict) -> pathlib.Path:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+  return path

@@ -1,0 +1,259 @@
+"""Overhead and scaling: what the rewrite costs next to lowering and XLA.
+
+Transformer training steps (the LM of bench/common.py, Adam, small widths so
+that the op count rather than the tensor sizes drives the cost) from about
+1k to 100k ops, by depth. For each: lower (jax.export), rewrite (print
+generic, C++ passes, jaxlib parse + verify) and XLA compile of the rewritten
+step, then the rewrite's share of compile time and the growth exponent of
+each phase against the op count (least squares on log-log).
+
+    python bench/overhead.py                  # rewrite up to ~100k ops,
+                                              # XLA compile up to ~20k ops
+    python bench/overhead.py --max-compile-ops 110000   # compile them all
+    python bench/overhead.py --max-ops 30000  # smaller modules only
+    python bench/overhead.py --quick          # up to ~5k ops, smoke test
+
+XLA:CPU compile time grows faster than linearly with the op count (169 s for
+a 17k-op step on a loaded 2-core machine), so by default only modules up to
+--max-compile-ops are compiled; the rewrite is measured at every size.
+
+Writes bench/results/overhead[-quick].json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import common  # noqa: E402
+
+import stablehlo_amp as amp  # noqa: E402
+from stablehlo_amp import _amp  # noqa: E402  (the pass runner, for the breakdown)
+from stablehlo_amp._src import pipeline as pl  # noqa: E402
+from jax._src.export import _export as jax_export_internal  # noqa: E402
+from jax.extend.mlir import ir  # noqa: E402
+
+POLICY = "p=f32,c=bf16,o=f32"
+FULL_LAYERS = (1, 2, 4, 8, 16, 32, 64, 128, 200)
+QUICK_LAYERS = (1, 2, 4, 8)
+
+
+def config_for(layers: int) -> common.LMConfig:
+  return common.LMConfig(vocab=128, d_model=64, heads=2, layers=layers,
+                         seq=32, batch=2)
+
+
+def train_step(params, opt_state, batch, config, tx):
+  loss, grads = jax.value_and_grad(common.lm_loss)(params, batch, config)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss
+
+
+def count_ops(module: ir.Module) -> int:
+  """Operations in the module, nested ones included (the module op not)."""
+  count = 0
+
+  def visit(op):
+    nonlocal count
+    count += 1
+    return ir.WalkResult.ADVANCE
+  module.operation.walk(visit)
+  return count - 1
+
+
+def breakdown(exported, repeats: int) -> dict:
+  """The rewrite's three phases, each the best of `repeats`."""
+  pipeline = pl.build_pipeline(amp.Policy.parse(POLICY), level="O2",
+                               target=pl.default_target(), annotate=True)
+  best = {"print": math.inf, "passes": math.inf, "parse_verify": math.inf,
+          "passes_no_report": math.inf, "report_python": math.inf,
+          "to_bytecode": math.inf}
+  context = pl.ir_context()
+  with context:
+    module = jax_export_internal._jax.mlir.deserialize_portable_artifact(
+        exported.mlir_module_serialized)
+    ops = count_ops(module)
+    for _ in range(repeats):
+      t0 = time.perf_counter()
+      generic = module.operation.get_asm(print_generic_op_form=True,
+                                         enable_debug_info=True)
+      t1 = time.perf_counter()
+      ok, output, report_json, diagnostics = _amp.run_pipeline(generic, pipeline,
+                                                     "overhead", True)
+      t2 = time.perf_counter()
+      if not ok:
+        raise RuntimeError("\n".join(diagnostics))
+      rewritten = ir.Module.parse(output, context)
+      rewritten.operation.verify()
+      t3 = time.perf_counter()
+      # What else amp's rewrite time holds: the per-op report, read in
+      # Python, and the bytecode the new Exported carries.
+      report = amp.Report.from_json(report_json, policy=POLICY, level="O2",
+                                    target="cpu")
+      t4 = time.perf_counter()
+      jax_export_internal._module_to_bytecode(rewritten)
+      t5 = time.perf_counter()
+      _amp.run_pipeline(generic, pipeline.replace(" annotate=true", ""),
+                        "overhead", False)
+      t6 = time.perf_counter()
+      for key, seconds in (("print", t1 - t0), ("passes", t2 - t1),
+                           ("parse_verify", t3 - t2),
+                           ("report_python", t4 - t3),
+                           ("to_bytecode", t5 - t4),
+                           ("passes_no_report", t6 - t5)):
+        best[key] = min(best[key], seconds)
+    decisions = len(report.decisions)
+    ops_after = count_ops(rewritten)
+  return {"ops": ops, "ops_after": ops_after, "text_bytes": len(generic),
+          "report_decisions": decisions, **best}
+
+
+def measure(layers: int, repeats: int, compile_xla: bool) -> dict:
+  config = config_for(layers)
+  tx = optax.adam(config.learning_rate)
+  params = common.lm_init(jax.random.key(0), config)
+  opt_state = tx.init(params)
+  batch = jnp.zeros((config.batch, config.seq + 1), jnp.int32)
+  step = functools.partial(train_step, config=config, tx=tx)
+  fast = amp.transform(step, POLICY)
+  start = time.perf_counter()
+  lowered = fast.lower(params, opt_state, batch)
+  lower_total = time.perf_counter() - start
+  compile_s = None
+  if compile_xla:
+    start = time.perf_counter()
+    lowered.compile()
+    compile_s = time.perf_counter() - start
+  # The phases on the same exported module (export again: the transform's
+  # own export is internal to it).
+  exported = jax.export.export(jax.jit(step))(params, opt_state, batch)
+  phases = breakdown(exported, repeats)
+  return {"layers": layers, **phases,
+          "lower_s": lowered.timings.lower,
+          "rewrite_s": lowered.timings.rewrite,  # as amp.transform paid it
+          "transform_lower_total_s": lower_total,
+          "xla_compile_s": compile_s,
+          "rewrite_share_of_compile": (lowered.timings.rewrite / compile_s
+                                       if compile_s else None)}
+
+
+def fit_exponent(xs, ys) -> float | None:
+  pairs = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y > 0]
+  if len(pairs) < 2:
+    return None
+  lx, ly = map(np.array, zip(*pairs))
+  slope, _ = np.polyfit(lx, ly, 1)
+  return float(slope)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--max-ops", type=int,
+                      help="skip depths whose module would exceed this many "
+                      "ops (default 110000; --quick 6000)")
+  parser.add_argument("--max-compile-ops", type=int, default=20000,
+                      help="XLA-compile only modules up to this many ops "
+                      "(default 20000)")
+  parser.add_argument("--layers", help="comma-separated depths (default "
+                      f"{','.join(map(str, FULL_LAYERS))})")
+  parser.add_argument("--repeats", type=int, default=3,
+                      help="best-of for the rewrite phases")
+  parser.add_argument("--json")
+  args = parser.parse_args(argv)
+  max_ops = args.max_ops or (6000 if args.quick else 110_000)
+  layers = ([int(x) for x in args.layers.split(",")] if args.layers else
+            QUICK_LAYERS if args.quick else FULL_LAYERS)
+  env = common.environment()
+  print(f"overhead: backend {env['backend']}, jax {env['jax']}, "
+        f"{env['cpu_count']} CPUs, load {env['loadavg']}; policy {POLICY}; "
+        f"max {max_ops:,} ops")
+  json_path = (common.pathlib.Path(args.json) if args.json else
+               common.RESULTS / ("overhead-quick.json" if args.quick else
+                                 "overhead.json"))
+  rows = []
+  per_layer = None
+  for depth in layers:
+    if per_layer and rows[0]["ops"] + per_layer * (depth - rows[0]["layers"]) > max_ops:
+      print(f"  {depth} layers: skipped (about "
+            f"{rows[0]['ops'] + per_layer * (depth - rows[0]['layers']):,.0f}"
+            f" ops > --max-ops {max_ops:,})")
+      continue
+    estimate = (rows[0]["ops"] + per_layer * (depth - rows[0]["layers"])
+                if per_layer else 0)
+    row = measure(depth, args.repeats, estimate <= args.max_compile_ops)
+    rows.append(row)
+    if len(rows) >= 2:
+      per_layer = ((rows[-1]["ops"] - rows[0]["ops"]) /
+                   (rows[-1]["layers"] - rows[0]["layers"]))
+    xla = (f"{row['xla_compile_s']:.2f} s" if row["xla_compile_s"] else
+           "not compiled (--max-compile-ops)")
+    print(f"  {depth} layers: {row['ops']:,} ops, rewrite "
+          f"{row['rewrite_s']:.3f} s, XLA {xla}", flush=True)
+    common.write_json(json_path, {"benchmark": "overhead", "partial": True,
+                                  "environment": env, "rows": rows})
+  keys = ("lower_s", "rewrite_s", "print", "passes", "passes_no_report",
+          "parse_verify", "report_python", "to_bytecode", "xla_compile_s")
+
+  def fits_over(selected):
+    out = {}
+    for key in keys:
+      have = [r for r in selected if r[key]]
+      out[key] = fit_exponent([r["ops"] for r in have], [r[key] for r in have])
+    return out
+  fits = fits_over(rows)
+  big = [r for r in rows if r["ops"] >= 5000]
+  fits_big = fits_over(big) if len(big) >= 2 else {}
+  compiled = [r for r in rows if r["xla_compile_s"]]
+  total_rewrite = sum(r["rewrite_s"] for r in compiled)
+  total_compile = sum(r["xla_compile_s"] for r in compiled)
+  lines = ["| layers | ops | lower s | rewrite s, as amp.transform paid it | "
+           "print / passes / parse+verify (best of "
+           f"{args.repeats}) | report in Python / to bytecode | "
+           "XLA compile s | rewrite / compile |", "|" + "---|" * 8]
+  for r in rows:
+    lines.append(
+        f"| {r['layers']} | {r['ops']:,} | {r['lower_s']:.2f} | "
+        f"{r['rewrite_s']:.3f} | {r['print']:.3f} / {r['passes']:.3f} / "
+        f"{r['parse_verify']:.3f} | {r['report_python']:.3f} / "
+        f"{r['to_bytecode']:.3f} | "
+        f"{common._fmt(r['xla_compile_s'], '.2f', 'not compiled')} | "
+        f"{common._fmt(r['rewrite_share_of_compile'] and 100 * r['rewrite_share_of_compile'], '.1f', '–', '%')} |")
+  table = "\n".join(lines)
+  summary = (
+      f"rewrite / XLA compile over the compiled sizes: "
+      f"{100 * total_rewrite / total_compile:.1f}% (largest compiled: "
+      f"{100 * compiled[-1]['rewrite_share_of_compile']:.1f}%)\n"
+      "growth exponents (time ∝ ops^k, log-log least squares), all sizes: " +
+      ", ".join(f"{k} {v:.2f}" for k, v in fits.items() if v is not None) +
+      ("\n  sizes ≥ 5k ops: " + ", ".join(
+          f"{k} {v:.2f}" for k, v in fits_big.items() if v is not None)
+       if fits_big else ""))
+  print()
+  print(table)
+  print()
+  print(summary)
+  path = common.write_json(
+      json_path,
+      {"benchmark": "overhead", "max_compile_ops": args.max_compile_ops, "environment": env, "policy": POLICY,
+       "max_ops": max_ops, "rows": rows, "exponents": fits,
+       "exponents_ge_5k_ops": fits_big,
+       "rewrite_share_total": total_rewrite / total_compile,
+       "table": table, "summary": summary,
+       "environment_end": {"loadavg": common.environment()["loadavg"]}})
+  print(f"\nwrote {path}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
