@@ -133,8 +133,8 @@ def plot(results, out_dir) -> tuple[str, str]:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--steps", type=int, default=300)
-  parser.add_argument("--d-model", type=int, default=256)
+  parser.add_argument("--steps", type=int, default=500)
+  parser.add_argument("--d-model", type=int, default=128)
   parser.add_argument("--layers", type=int, default=2)
   parser.add_argument("--seq", type=int, default=128)
   parser.add_argument("--batch", type=int, default=16)
