@@ -30,9 +30,10 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
     - everything else (custom calls, unknown ops, sort, rng, integer, boolean
       and complex values) keeps its exact types.
 
-    Float arguments of public functions take the param dtype (except those
+    f32 arguments of public functions take the param dtype (except those
     marked with the argument attribute `amp.keep_dtype`, which the pass
-    removes) and their float results the output dtype. Control flow (`while`, `if`, `case`, calls)
+    removes) and their f32 results the output dtype. Only f32 values are
+    rewritten: f64, f16 or bf16 values in the input keep their dtype. Control flow (`while`, `if`, `case`, calls)
     keeps its interface types and is painted inside; reduction bodies follow
     their operation. Float constants are re-encoded, not converted.
 
