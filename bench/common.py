@@ -15,6 +15,7 @@ import pathlib
 import platform
 import re
 import statistics
+import sys
 import sysconfig
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -23,6 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+# One definition of the transformer LM: the demo's.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent /
+                       "examples"))
+import lm  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
@@ -70,73 +76,18 @@ def byte_pair_tokens(data: np.ndarray, vocab: int = 512) -> np.ndarray:
 # recipe is `mpx.force_full_precision` there.
 
 
-def _identity_full(fn, out_dtype=None):
-  del out_dtype
-  return fn
+_identity_full = lm._unchanged
 
 
-@dataclasses.dataclass(frozen=True)
-class LMConfig:
-  vocab: int = 512
-  d_model: int = 256
-  heads: int = 4
-  layers: int = 4
-  seq: int = 128
-  batch: int = 16
-  learning_rate: float = 3e-3
+def LMConfig(**overrides) -> lm.Config:
+  """The peers LM: examples/lm.py's model at the issue's sizes."""
+  defaults = dict(vocab=512, d_model=256, heads=4, layers=4, seq=128,
+                  batch=16, learning_rate=3e-3)
+  return lm.Config(**{**defaults, **overrides})
 
 
-def lm_init(key: jax.Array, config: LMConfig) -> dict:
-  d = config.d_model
-  keys = iter(jax.random.split(key, 4 + 4 * config.layers))
-  normal = lambda shape, scale: scale * jax.random.normal(next(keys), shape)
-  params = {
-      "embed": normal((config.vocab, d), 0.02),
-      "pos": normal((config.seq, d), 0.02),
-      "ln_f": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
-      "layers": [],
-  }
-  for _ in range(config.layers):
-    params["layers"].append({
-        "ln1": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
-        "qkv": normal((d, 3 * d), d ** -0.5),
-        "proj": normal((d, d), d ** -0.5 / config.layers),
-        "ln2": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
-        "up": normal((d, 4 * d), d ** -0.5),
-        "up_bias": jnp.zeros(4 * d),
-        "down": normal((4 * d, d), (4 * d) ** -0.5 / config.layers),
-    })
-  return params
-
-
-def _layer_norm(x, p):
-  mean = x.mean(-1, keepdims=True)
-  var = ((x - mean) ** 2).mean(-1, keepdims=True)
-  return (x - mean) * jax.lax.rsqrt(var + 1e-5) * p["scale"] + p["bias"]
-
-
-def lm_forward(params, tokens, config: LMConfig, full=_identity_full):
-  """Pre-LN decoder: causal attention, GELU MLP, tied embedding."""
-  b, s = tokens.shape
-  d, h = config.d_model, config.heads
-  x = params["embed"][tokens] + params["pos"][:s]
-  half = x.dtype
-  layer_norm = full(_layer_norm, half)
-  softmax = full(lambda z: jax.nn.softmax(z, axis=-1), half)
-  mask = jnp.tril(jnp.ones((s, s), bool))
-  for layer in params["layers"]:
-    y = layer_norm(x, layer["ln1"])
-    q, k, v = jnp.split(y @ layer["qkv"], 3, axis=-1)
-    q, k, v = (t.reshape(b, s, h, d // h) for t in (q, k, v))
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / (d // h) ** 0.5
-    logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
-    y = jnp.einsum("bhqk,bkhd->bqhd", softmax(logits), v).reshape(b, s, d)
-    x = x + y @ layer["proj"]
-    y = layer_norm(x, layer["ln2"])
-    y = jax.nn.gelu(y @ layer["up"] + layer["up_bias"])
-    x = x + y @ layer["down"]
-  x = layer_norm(x, params["ln_f"])
-  return x @ params["embed"].T
+lm_init = lm.init
+lm_forward = lm.forward
 
 
 def _cross_entropy(logits, targets):
@@ -144,7 +95,7 @@ def _cross_entropy(logits, targets):
   return -jnp.take_along_axis(logp, targets[..., None], -1).mean()
 
 
-def lm_loss(params, batch, config: LMConfig, full=_identity_full,
+def lm_loss(params, batch, config: lm.Config, full=_identity_full,
             output_cast=lambda x: x):
   inputs, targets = batch[:, :-1], batch[:, 1:]
   logits = output_cast(lm_forward(params, inputs, config, full))
@@ -222,7 +173,7 @@ class Model:
   held_out: list  # host batches, the same for every variant
 
 
-def make_lm(config: LMConfig, eval_batches: int = 8) -> Model:
+def make_lm(config: lm.Config, eval_batches: int = 8) -> Model:
   tokens = byte_pair_tokens(corpus_bytes(), config.vocab)
   cut = int(len(tokens) * 0.9)
   train, held = tokens[:cut], tokens[cut:]

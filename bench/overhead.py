@@ -47,7 +47,7 @@ FULL_LAYERS = (1, 2, 4, 8, 16, 32, 64, 128, 200)
 QUICK_LAYERS = (1, 2, 4, 8)
 
 
-def config_for(layers: int) -> common.LMConfig:
+def config_for(layers: int) -> common.lm.Config:
   return common.LMConfig(vocab=128, d_model=64, heads=2, layers=layers,
                          seq=32, batch=2)
 

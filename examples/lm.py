@@ -81,24 +81,35 @@ def layer_norm(x, p):
   return (x - mean) * jax.lax.rsqrt(var + 1e-5) * p["scale"] + p["bias"]
 
 
-def forward(params, tokens, config: Config):
+def _unchanged(fn, out_dtype=None):
+  del out_dtype
+  return fn
+
+
+def forward(params, tokens, config: Config, full=_unchanged):
+  """Pre-LN decoder: causal attention, GELU MLP, tied embedding.
+
+  `full(fn, dtype)` wraps the layer norm and the softmax; libraries that mark
+  full-precision islands by hand (MPX's `force_full_precision`) pass theirs.
+  """
   b, s = tokens.shape
   d, h = config.d_model, config.heads
   x = params["embed"][tokens] + params["pos"][:s]
+  norm = full(layer_norm, x.dtype)
+  softmax = full(lambda z: jax.nn.softmax(z, axis=-1), x.dtype)
   mask = jnp.tril(jnp.ones((s, s), bool))
   for layer in params["layers"]:
-    y = layer_norm(x, layer["ln1"])
+    y = norm(x, layer["ln1"])
     q, k, v = jnp.split(y @ layer["qkv"], 3, axis=-1)
     q, k, v = (t.reshape(b, s, h, d // h) for t in (q, k, v))
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / (d // h) ** 0.5
     logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
-    attn = jax.nn.softmax(logits, axis=-1)
-    y = jnp.einsum("bhqk,bkhd->bqhd", attn, v).reshape(b, s, d)
+    y = jnp.einsum("bhqk,bkhd->bqhd", softmax(logits), v).reshape(b, s, d)
     x = x + y @ layer["proj"]
-    y = layer_norm(x, layer["ln2"])
+    y = norm(x, layer["ln2"])
     y = jax.nn.gelu(y @ layer["up"] + layer["up_bias"])
     x = x + y @ layer["down"]
-  x = layer_norm(x, params["ln_f"])
+  x = norm(x, params["ln_f"])
   return x @ params["embed"].T
 
 
