@@ -100,14 +100,6 @@ private:
 // Options
 //===----------------------------------------------------------------------===//
 
-/// `tanh` and `stablehlo.tanh` name the same op.
-std::string qualifiedOpName(llvm::StringRef name) {
-  name = name.trim();
-  if (name.contains('.'))
-    return name.str();
-  return ("stablehlo." + name).str();
-}
-
 LogicalResult InsertConvertsPass::initialize(MLIRContext *context) {
   auto fail = [&](const llvm::Twine &message) {
     optionError = message.str();
@@ -137,9 +129,9 @@ LogicalResult InsertConvertsPass::initialize(MLIRContext *context) {
                 "' (accepted: f32, compute)");
   lowDotResult = dotResult == "compute";
   for (const std::string &name : keepF32)
-    keepF32Names.insert(qualifiedOpName(name));
+    keepF32Names.insert(shlo::qualifiedOpName(name));
   for (const std::string &name : forceCompute) {
-    std::string qualified = qualifiedOpName(name);
+    std::string qualified = shlo::qualifiedOpName(name);
     if (keepF32Names.contains(qualified))
       return fail("op '" + qualified +
                   "' is named in both keep-f32 and force-compute");

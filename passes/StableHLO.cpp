@@ -103,6 +103,13 @@ bool hasQuantizedOrOpaqueElements(Operation *op) {
 }
 } // namespace
 
+std::string shlo::qualifiedOpName(llvm::StringRef name) {
+  name = name.trim();
+  if (name.contains('.'))
+    return name.str();
+  return (kStableHLO + "." + name).str();
+}
+
 bool shlo::isStableHLO(Operation *op) {
   llvm::StringRef dialect = op->getName().getDialectNamespace();
   return dialect == kStableHLO || dialect == kCHLO;

@@ -46,6 +46,9 @@ OpClass classify(Operation *op, std::string *reason = nullptr);
 /// take the precision of the op, they are not painted on their own.
 bool hasApplierRegions(Operation *op);
 
+/// The full name of an op named in an option: `tanh` is `stablehlo.tanh`.
+std::string qualifiedOpName(llvm::StringRef name);
+
 /// True for ops of the StableHLO (or CHLO) dialects.
 bool isStableHLO(Operation *op);
 bool isConvert(Operation *op);

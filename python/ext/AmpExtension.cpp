@@ -9,6 +9,7 @@
 #include "Passes.h"
 #include "Policy.h"
 #include "Report.h"
+#include "StableHLO.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -138,6 +139,9 @@ NB_MODULE(_amp, m) {
         nb::call_guard<nb::gil_scoped_release>());
   m.def("canonical_policy", &canonicalPolicy, nb::arg("text"));
   m.def("canonical_level", &canonicalLevel, nb::arg("text"));
+  m.def("qualified_op_name",
+        [](const std::string &name) { return amp::shlo::qualifiedOpName(name); },
+        nb::arg("name"));
   m.def("policy_grammar", [] { return amp::policyGrammarHelp().str(); });
   m.attr("mlir_version") = LLVM_VERSION_STRING;
 }

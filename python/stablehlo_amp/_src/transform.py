@@ -15,6 +15,7 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 import jax
 import jax.numpy as jnp
 
+from stablehlo_amp import _amp
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
 from stablehlo_amp._src.policy import Policy, as_policy, check_level
@@ -217,8 +218,8 @@ def check_options(level: str, target: str | None, dot_result: str,
   if dot_result not in pl.DOT_RESULTS:
     raise ValueError(f"unknown dot_result {dot_result!r} (accepted: "
                      f"{', '.join(pl.DOT_RESULTS)})")
-  qualify = lambda n: n if "." in n else f"stablehlo.{n}"
   keep_f32, force_compute = tuple(keep_f32), tuple(force_compute)
+  qualify = _amp.qualified_op_name  # the pass's own reading of the names
   both = {qualify(n) for n in keep_f32} & {qualify(n) for n in force_compute}
   if both:
     raise ValueError(f"ops named in both keep_f32 and force_compute: "
