@@ -180,29 +180,26 @@ void LossScalePass::runOnOperation() {
     }
   }
 
-  // New arguments: the scale and, for dynamic scaling, the counter.
+  // New arguments: the scale and, for dynamic scaling, the counter; each
+  // carries a unit attribute naming what it is.
   OpBuilder builder(context);
+  auto markedAttrs = [&](llvm::StringRef name) {
+    return builder.getDictionaryAttr(
+        {builder.getNamedAttr(name, builder.getUnitAttr())});
+  };
+  auto appendArgument = [&](Type type, llvm::StringRef name) -> Value {
+    unsigned index = func.getNumArguments();
+    if (failed(func.insertArgument(index, type, markedAttrs(name), loc)))
+      return {};
+    return func.getArgument(index);
+  };
   Value scale, counter, inverse;
-  if (parsedMode != Mode::None) {
-    unsigned index = func.getNumArguments();
-    if (failed(func.insertArgument(
-            index, scalarF32,
-            builder.getDictionaryAttr(
-                {builder.getNamedAttr(kLossScaleAttr, builder.getUnitAttr())}),
-            loc)))
-      return signalPassFailure();
-    scale = func.getArgument(index);
-  }
-  if (parsedMode == Mode::Dynamic) {
-    unsigned index = func.getNumArguments();
-    if (failed(func.insertArgument(
-            index, scalarI32,
-            builder.getDictionaryAttr(
-                {builder.getNamedAttr(kCounterAttr, builder.getUnitAttr())}),
-            loc)))
-      return signalPassFailure();
-    counter = func.getArgument(index);
-  }
+  if (parsedMode != Mode::None && !(scale = appendArgument(scalarF32,
+                                                           kLossScaleAttr)))
+    return signalPassFailure();
+  if (parsedMode == Mode::Dynamic &&
+      !(counter = appendArgument(scalarI32, kCounterAttr)))
+    return signalPassFailure();
 
   // The seed becomes seed * scale; 1 / scale is computed once, in f32.
   if (parsedMode != Mode::None) {
@@ -320,9 +317,7 @@ void LossScalePass::runOnOperation() {
   llvm::SmallVector<Value> operands(returnOp->getOperands());
   for (auto [value, attr] : extraResults) {
     unsigned index = func.getNumResults();
-    func.insertResult(index, value.getType(),
-                      builder.getDictionaryAttr(
-                          {builder.getNamedAttr(attr, builder.getUnitAttr())}));
+    func.insertResult(index, value.getType(), markedAttrs(attr));
     operands.push_back(value);
   }
   returnOp->setOperands(operands);

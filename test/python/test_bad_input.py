@@ -4,7 +4,6 @@ no output file, or a correct module with the unsupported parts untouched.
 Each case is a row of the README's bad-input table.
 """
 
-import os
 import pathlib
 import re
 

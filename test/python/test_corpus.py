@@ -28,7 +28,6 @@ The libraries are installed at test time; without them these tests skip.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import sys
@@ -44,6 +43,7 @@ from jax._src.interpreters import mlir as jax_mlir
 from jax.extend.mlir import ir
 
 import stablehlo_amp as amp
+from mlir_checks import duplicate_converts, walk
 
 POLICIES = ("p=f32,c=bf16,o=f32", "p=f32,c=f16,o=f32")
 LR = 1e-3
@@ -306,41 +306,14 @@ def f32_text(case: Case) -> str:
   return jax.jit(fn).lower(*args).as_text()
 
 
-def _walk(op):
-  for region in op.regions:
-    for block in region.blocks:
-      for nested in block.operations:
-        nested = nested.operation
-        yield nested
-        yield from _walk(nested)
-
-
 def count_ops(text: str) -> int:
   """Operations in the module, excluding functions and their returns."""
   context = jax_mlir.make_ir_context()
   with context:
     module = ir.Module.parse(text, context)
-    return sum(1 for op in _walk(module.operation)
+    return sum(1 for op in walk(module.operation)
                if op.name not in ("func.func", "func.return",
                                   "stablehlo.return"))
-
-
-def duplicate_converts(module: ir.Module) -> list[str]:
-  bad = []
-  for func in module.body.operations:
-    func = func.operation
-    if func.name != "func.func":
-      continue
-    seen = collections.Counter()
-    for op in _walk(func):
-      if op.name == "stablehlo.convert":
-        source, result = op.operands[0], op.results[0]
-        if source.type == result.type:
-          bad.append(f"convert of {source.get_name()} to its own type")
-        seen[(source, str(result.type))] += 1
-    bad += [f"{source.get_name()} converted {n} times to {t}"
-            for (source, t), n in seen.items() if n > 1]
-  return bad
 
 
 def run(fn: Callable, args: tuple, steps: int) -> tuple[Any, list]:

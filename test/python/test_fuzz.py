@@ -57,6 +57,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import stablehlo_amp as amp  # noqa: E402
 import fuzz_programs as fp  # noqa: E402
+from mlir_checks import convert_problems, walk  # noqa: E402
 from fuzz_programs import Spec, Step  # noqa: E402
 
 LEVELS = ("O0", "O1", "O2", "O3")
@@ -141,41 +142,6 @@ def reprint(text: str) -> str:
   context = jax_mlir.make_ir_context()
   with context:
     return ir.Module.parse(text, context).operation.get_asm()
-
-
-def _walk(op):
-  for region in op.regions:
-    for block in region.blocks:
-      for nested in block.operations:
-        nested = nested.operation
-        yield nested
-        yield from _walk(nested)
-
-
-def convert_problems(module: ir.Module) -> tuple[list[str], list[str]]:
-  """(duplicates, identities): SSA values converted more than once to one
-  type in a function (regions included), and converts to a value's own
-  type."""
-  duplicates, identities = [], []
-  for func in module.body.operations:
-    func = func.operation
-    if func.name != "func.func":
-      continue
-    name = ir.StringAttr(func.attributes["sym_name"]).value
-    seen: collections.Counter = collections.Counter()
-    for op in _walk(func):
-      if op.name != "stablehlo.convert":
-        continue
-      source, result = op.operands[0], op.results[0]
-      if source.type == result.type:
-        identities.append(f"@{name}: convert of {source.get_name()} to its "
-                          f"own type {result.type}")
-      seen[(source, str(result.type))] += 1
-    for (source, result_type), count in seen.items():
-      if count > 1:
-        duplicates.append(f"@{name}: {source.get_name()} converted {count} "
-                          f"times to {result_type}")
-  return duplicates, identities
 
 
 def check_verifies(text: str, policy: str, levels=LEVELS) -> None:
@@ -604,7 +570,7 @@ def op_signature(text: str, ignore=("stablehlo.optimization_barrier",)):
     module = ir.Module.parse(text, context)
     return collections.Counter(
         (op.name, tuple(str(r.type) for r in op.results))
-        for op in _walk(module.operation) if op.name not in ignore)
+        for op in walk(module.operation) if op.name not in ignore)
 
 
 @pytest.mark.parametrize("name,fn,args", [

@@ -25,6 +25,7 @@ from jax._src.interpreters import mlir as jax_mlir
 from jax.extend.mlir import ir
 
 import stablehlo_amp as amp
+from mlir_checks import duplicate_converts, functions, walk
 from programs import (ADAM_LR, FIGURES, PROGRAMS, PROGRAMS_BY_NAME, Figures,
                       Program, first_line, compute_dtype_name,
                       relative_error, tolerances)
@@ -68,15 +69,6 @@ def parse_and_verify(text: str) -> ir.Module:
   return module
 
 
-def walk(op):
-  """Every operation nested in `op` (regions, blocks), in order."""
-  for region in op.regions:
-    for block in region.blocks:
-      for nested in block.operations:
-        nested = nested.operation
-        yield nested
-        yield from walk(nested)
-
 
 def element_type(mlir_type) -> str | None:
   """`f32` for `tensor<4x8xf32>`; None for tokens, tuples and the like."""
@@ -106,13 +98,6 @@ def is_accumulating(op) -> bool:
       inner.name in ACCUMULATING_BODY for inner in walk(op))
 
 
-def functions(module: ir.Module):
-  for op in module.body.operations:
-    op = op.operation
-    if op.name == "func.func":
-      yield ir.StringAttr(op.attributes["sym_name"]).value, op
-
-
 def main_signature(module: ir.Module) -> tuple[list[str], list[str]]:
   for name, func in functions(module):
     if name == "main":
@@ -137,25 +122,6 @@ def deny_violations(module: ir.Module) -> list[str]:
     if op.name in DENY_ELEMENTWISE or is_accumulating(op):
       if any(t != "f32" for t in float_types(op)):
         bad.append(_describe(op))
-  return bad
-
-
-def duplicate_converts(module: ir.Module) -> list[str]:
-  """Converts of one value to one type, per function (and no-op converts)."""
-  bad = []
-  for name, func in functions(module):
-    seen = collections.Counter()
-    for op in walk(func):
-      if op.name != "stablehlo.convert":
-        continue
-      source, result = op.operands[0], op.results[0]
-      if source.type == result.type:
-        bad.append(f"@{name}: convert to its own type: {_describe(op)}")
-      seen[(source, str(result.type))] += 1
-    for (source, result_type), count in seen.items():
-      if count > 1:
-        bad.append(f"@{name}: {source.get_name()} converted {count} times "
-                   f"to {result_type}")
   return bad
 
 

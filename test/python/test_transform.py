@@ -16,6 +16,7 @@ from jax.extend.mlir import ir
 
 import stablehlo_amp as amp
 from stablehlo_amp._src import pipeline as amp_pipeline
+from mlir_checks import walk
 
 F32, BF16, F16 = np.dtype(jnp.float32), np.dtype(jnp.bfloat16), np.dtype(
     jnp.float16)
@@ -686,7 +687,7 @@ def _corrupt_tanh_results(monkeypatch):
                                                 source_name, report)
     with amp_pipeline.ir_context(), ir.Location.unknown():
       module = ir.Module.parse(output)
-      for op in _walk(module.operation):
+      for op in walk(module.operation):
         if op.name == "stablehlo.tanh":
           shape = ir.RankedTensorType(op.result.type).shape
           op.result.set_type(ir.RankedTensorType.get(shape, ir.BF16Type.get()))
@@ -696,14 +697,6 @@ def _corrupt_tanh_results(monkeypatch):
     return ok, output, report_json, diagnostics
 
   monkeypatch.setattr(amp_pipeline._amp, "run_pipeline", run_pipeline)
-
-
-def _walk(op):
-  for region in op.regions:
-    for block in region.blocks:
-      for child in block.operations:
-        yield child.operation
-        yield from _walk(child.operation)
 
 
 def _check_verification_error(error: amp.VerificationError):
