@@ -1,20 +1,23 @@
 //===- LossScale.cpp - Loss scaling fused into the training step ----------===//
 //
-// The scale multiplies the loss cotangent seed, so it enters the backward pass
-// where autodiff starts; gradients are unscaled once, checked once, and the
-// dynamic update and the skip of an overflowed step happen in the graph: a
-// training step needs no host round trip.
+// amp-loss-scale: the scale multiplies the loss cotangent seed, so it enters
+// the backward pass where autodiff starts; gradients are unscaled once,
+// checked once, and the dynamic update and the skip of an overflowed step
+// happen in the graph: a training step needs no host round trip. What the
+// pass appends to `main`, and in which order, is the contract's
+// lossScaleLayout.
 //
 //===----------------------------------------------------------------------===//
 
+#include "Contract.h"
 #include "Passes.h"
 #include "StableHLO.h"
 
+#include "mlir/Analysis/TopologicalSortUtils.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
-
-#include <cmath>
+#include "llvm/ADT/DenseSet.h"
 
 namespace mlir::amp {
 #define GEN_PASS_DEF_AMPLOSSSCALEPASS
@@ -26,64 +29,394 @@ using namespace mlir::amp;
 
 namespace {
 
-// Markers the Python driver (or a user of amp-opt) sets on `main`.
-constexpr llvm::StringLiteral kLossSeedAttr = "amp.loss_seed";
-constexpr llvm::StringLiteral kGradientAttr = "amp.gradient";
-constexpr llvm::StringLiteral kStateOfAttr = "amp.state_of";
-// Markers the pass sets on what it adds.
-constexpr llvm::StringLiteral kLossScaleAttr = "amp.loss_scale";
-constexpr llvm::StringLiteral kCounterAttr = "amp.loss_scale_counter";
-constexpr llvm::StringLiteral kFiniteAttr = "amp.grads_finite";
+/// What the pass found in `main`.
+struct TrainingStep {
+  func::FuncOp main;
+  int seedIndex = -1;
+  llvm::SmallVector<unsigned> gradientResults;
+  /// (result, argument): the result is the new value of the argument.
+  llvm::SmallVector<std::pair<unsigned, unsigned>> states;
+  llvm::SmallVector<Operation *> gradientCalls;
+};
 
-enum class Mode { Dynamic, Static, None };
+/// The state the pass appended: the scale (and counter) arguments, and 1/scale.
+struct ScaleState {
+  Value scale, counter, inverse;
+};
 
 class LossScalePass final
     : public amp::impl::AmpLossScalePassBase<LossScalePass> {
 public:
   using AmpLossScalePassBase::AmpLossScalePassBase;
 
-  LogicalResult initialize(MLIRContext *context) override {
-    auto fail = [&](const llvm::Twine &message) {
-      optionError = message.str();
-      return success(); // reported with a location in runOnOperation
-    };
-    if (mode == "dynamic")
-      parsedMode = Mode::Dynamic;
-    else if (mode == "static")
-      parsedMode = Mode::Static;
-    else if (mode == "none")
-      parsedMode = Mode::None;
-    else
-      return fail("invalid option 'mode': unknown value '" + mode +
-                  "' (accepted: dynamic, static, none)");
-    if (growthInterval < 1)
-      return fail("invalid option 'growth-interval': must be at least 1");
-    if (!(growthFactor >= 1.0))
-      return fail("invalid option 'growth-factor': must be at least 1");
-    if (!(backoffFactor > 0.0 && backoffFactor <= 1.0))
-      return fail("invalid option 'backoff-factor': must be in (0, 1]");
-    if (!(minScale > 0.0) || !(maxScale >= minScale) || std::isinf(minScale))
-      return fail("invalid options 'min-scale'/'max-scale': need "
-                  "0 < min-scale <= max-scale");
-    for (const std::string &pair : stateResults) {
-      auto [result, arg] = llvm::StringRef(pair).split(':');
-      unsigned resultIndex, argIndex;
-      if (result.trim().getAsInteger(10, resultIndex) ||
-          arg.trim().getAsInteger(10, argIndex))
-        return fail("invalid option 'state-results': '" + pair +
-                    "' is not RESULT:ARG");
-      statePairs.push_back({resultIndex, argIndex});
-    }
-    return success();
-  }
-
+  LogicalResult initialize(MLIRContext *context) override;
   void runOnOperation() override;
 
 private:
-  Mode parsedMode = Mode::Dynamic;
+  LossScaleConfig config;
   llvm::SmallVector<std::pair<unsigned, unsigned>> statePairs;
   std::string optionError;
+
+  llvm::Error parseOptions();
+  FailureOr<TrainingStep> findTrainingStep(ModuleOp module);
+  LogicalResult validate(const TrainingStep &step);
+  FailureOr<ScaleState> appendArguments(TrainingStep &step);
+  void scaleSeed(TrainingStep &step, ScaleState &state);
+  FailureOr<Value> unscaleAndCheck(TrainingStep &step,
+                                   const ScaleState &state);
+  void keepOldStateUnlessFinite(TrainingStep &step, Value finite);
+  void readSelectedState(TrainingStep &step,
+                         llvm::ArrayRef<std::pair<Value, Value>> selected);
+  llvm::SmallVector<std::pair<Value, llvm::StringRef>>
+  buildScaleUpdate(OpBuilder &builder, Location loc, const ScaleState &state,
+                   Value finite);
+  void appendResults(TrainingStep &step, const ScaleState &state,
+                     Value finite);
 };
+
+//===----------------------------------------------------------------------===//
+// Options
+//===----------------------------------------------------------------------===//
+
+llvm::Error LossScalePass::parseOptions() {
+  llvm::Expected<LossScaleMode> modeOr = parseLossScaleMode(mode);
+  if (!modeOr)
+    return llvm::createStringError("invalid option 'mode': " +
+                                   llvm::toString(modeOr.takeError()));
+  config.mode = *modeOr;
+  config.growthInterval = growthInterval;
+  config.growthFactor = growthFactor;
+  config.backoffFactor = backoffFactor;
+  config.minScale = minScale;
+  config.maxScale = maxScale;
+  if (llvm::Error error = validateLossScale(config))
+    return error;
+  for (const std::string &pair : stateResults) {
+    auto [result, arg] = llvm::StringRef(pair).split(':');
+    unsigned resultIndex, argIndex;
+    if (result.trim().getAsInteger(10, resultIndex) ||
+        arg.trim().getAsInteger(10, argIndex))
+      return llvm::createStringError("invalid option 'state-results': '" +
+                                     pair + "' is not RESULT:ARG");
+    statePairs.push_back({resultIndex, argIndex});
+  }
+  return llvm::Error::success();
+}
+
+LogicalResult LossScalePass::initialize(MLIRContext *context) {
+  // Reported from runOnOperation, where a location exists.
+  if (llvm::Error error = parseOptions())
+    optionError = llvm::toString(std::move(error));
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Finding and validating the seed, the gradients and the state
+//===----------------------------------------------------------------------===//
+
+FailureOr<TrainingStep> LossScalePass::findTrainingStep(ModuleOp module) {
+  auto main = module.lookupSymbol<func::FuncOp>("main");
+  if (!main || main.isExternal() || !main.isPublic()) {
+    module.emitError() << "amp-loss-scale needs a public function 'main'";
+    return failure();
+  }
+  TrainingStep step;
+  step.main = main;
+  step.seedIndex = seedArg;
+  for (unsigned i = 0, e = main.getNumArguments(); i < e && step.seedIndex < 0;
+       ++i)
+    if (main.getArgAttr(i, attr::kLossSeed))
+      step.seedIndex = i;
+  step.gradientResults.assign(gradientResults.begin(), gradientResults.end());
+  step.states = statePairs;
+  for (unsigned i = 0, e = main.getNumResults(); i < e; ++i) {
+    if (main.getResultAttr(i, attr::kGradient) &&
+        !llvm::is_contained(step.gradientResults, i))
+      step.gradientResults.push_back(i);
+    if (auto arg = main.getResultAttrOfType<IntegerAttr>(i, attr::kStateOf))
+      step.states.push_back({i, static_cast<unsigned>(arg.getInt())});
+  }
+  module.walk([&](Operation *op) {
+    if (shlo::customCallTarget(op) == attr::kGradientsCall)
+      step.gradientCalls.push_back(op);
+  });
+  return step;
+}
+
+LogicalResult LossScalePass::validate(const TrainingStep &step) {
+  func::FuncOp main = step.main;
+  if (config.mode != LossScaleMode::None) {
+    if (step.seedIndex < 0 ||
+        step.seedIndex >= static_cast<int>(main.getNumArguments()))
+      return main.emitError() << "no loss seed argument: mark the loss "
+                                 "cotangent argument with '"
+                              << attr::kLossSeed << "' or pass seed-arg=N";
+    auto seedType = dyn_cast<RankedTensorType>(
+        main.getArgument(step.seedIndex).getType());
+    if (!seedType || seedType.getRank() != 0 ||
+        !isa<FloatType>(seedType.getElementType()))
+      return main.emitError()
+             << "loss seed argument #" << step.seedIndex
+             << " must be a float scalar, got "
+             << main.getArgument(step.seedIndex).getType();
+  }
+  if (step.gradientResults.empty() && step.gradientCalls.empty())
+    return main.emitError()
+           << "no gradients: mark gradient results with '" << attr::kGradient
+           << "', pass gradient-results=..., or wrap them in a custom_call @"
+           << attr::kGradientsCall;
+  for (unsigned index : step.gradientResults)
+    if (index >= main.getNumResults())
+      return main.emitError() << "gradient result #" << index
+                              << " does not exist";
+  for (Operation *call : step.gradientCalls)
+    if (call->getParentOp() != main.getOperation())
+      return call->emitError() << "gradients must be marked in the body of "
+                                  "'main', not inside a region or another "
+                                  "function";
+  for (auto [result, arg] : step.states) {
+    if (result >= main.getNumResults() || arg >= main.getNumArguments())
+      return main.emitError() << "state result #" << result
+                              << " of argument #" << arg
+                              << " does not exist";
+    // A parameter passed in bf16 may come back in f32 (p= and o= differ):
+    // the old value is converted for the select, which is exact.
+    auto resultType = dyn_cast<ShapedType>(main.getResultTypes()[result]);
+    auto argType = dyn_cast<ShapedType>(main.getArgumentTypes()[arg]);
+    bool convertible = resultType && argType && resultType.hasRank() &&
+                       argType.hasRank() &&
+                       resultType.getShape() == argType.getShape() &&
+                       isa<FloatType>(resultType.getElementType()) &&
+                       isa<FloatType>(argType.getElementType());
+    if (resultType != argType && !convertible)
+      return main.emitError()
+             << "state result #" << result << " ("
+             << main.getResultTypes()[result]
+             << ") does not have the type of argument #" << arg << " ("
+             << main.getArgumentTypes()[arg] << ")";
+  }
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Building
+//===----------------------------------------------------------------------===//
+
+FailureOr<ScaleState> LossScalePass::appendArguments(TrainingStep &step) {
+  MLIRContext *context = &getContext();
+  OpBuilder builder(context);
+  ScaleState state;
+  for (llvm::StringRef role : lossScaleLayout(config.mode).arguments) {
+    Type type = role == attr::kLossScaleCounter
+                    ? RankedTensorType::get({}, builder.getI32Type())
+                    : RankedTensorType::get({}, builder.getF32Type());
+    unsigned index = step.main.getNumArguments();
+    DictionaryAttr attrs = builder.getDictionaryAttr(
+        {builder.getNamedAttr(role, builder.getUnitAttr())});
+    if (failed(step.main.insertArgument(index, type, attrs,
+                                        step.main.getLoc())))
+      return failure();
+    (role == attr::kLossScaleCounter ? state.counter : state.scale) =
+        step.main.getArgument(index);
+  }
+  return state;
+}
+
+/// The seed becomes seed * scale; 1 / scale is computed once, in f32.
+void LossScalePass::scaleSeed(TrainingStep &step, ScaleState &state) {
+  if (!state.scale)
+    return;
+  Location loc = step.main.getLoc();
+  OpBuilder builder = OpBuilder::atBlockBegin(&step.main.front());
+  Value seed = step.main.getArgument(step.seedIndex);
+  Type seedElement = cast<ShapedType>(seed.getType()).getElementType();
+  Value factor = seedElement == builder.getF32Type()
+                     ? state.scale
+                     : shlo::buildConvert(builder, loc, state.scale,
+                                          seedElement);
+  Value scaled =
+      shlo::buildElementwise(builder, loc, "multiply", {seed, factor});
+  seed.replaceAllUsesExcept(scaled, scaled.getDefiningOp());
+  Value one = shlo::buildScalar(builder, loc, builder.getF32Type(), 1.0);
+  state.inverse =
+      shlo::buildElementwise(builder, loc, "divide", {one, state.scale});
+}
+
+/// Unscales each gradient (in f32, reading it once) and ANDs `is_finite` of
+/// all of them into one predicate.
+FailureOr<Value> LossScalePass::unscaleAndCheck(TrainingStep &step,
+                                                const ScaleState &state) {
+  OpBuilder builder(&getContext());
+  Type f32 = builder.getF32Type();
+  llvm::SmallVector<Value> finiteFlags;
+  auto unscale = [&](Value gradient) -> Value {
+    auto type = dyn_cast<RankedTensorType>(gradient.getType());
+    auto element = type ? dyn_cast<FloatType>(type.getElementType()) : nullptr;
+    if (!element)
+      return gradient; // integer leaves (step counters) have no gradient
+    Location loc = gradient.getLoc();
+    Value value =
+        element == f32 ? gradient : shlo::buildConvert(builder, loc, gradient, f32);
+    if (state.inverse)
+      value = shlo::buildElementwise(
+          builder, loc, "multiply",
+          {value, shlo::buildBroadcastScalar(
+                      builder, loc, state.inverse,
+                      cast<RankedTensorType>(value.getType()))});
+    finiteFlags.push_back(shlo::buildReduceAll(
+        builder, loc, shlo::buildIsFinite(builder, loc, value), "and", 1.0));
+    return element == f32 ? value
+                          : shlo::buildConvert(builder, loc, value, element);
+  };
+  for (Operation *call : step.gradientCalls) {
+    builder.setInsertionPointAfter(call);
+    for (auto [operand, result] :
+         llvm::zip(call->getOperands(), call->getResults()))
+      result.replaceAllUsesWith(unscale(operand));
+    call->erase();
+  }
+  Operation *returnOp = step.main.front().getTerminator();
+  builder.setInsertionPoint(returnOp);
+  for (unsigned index : step.gradientResults)
+    returnOp->setOperand(index, unscale(returnOp->getOperand(index)));
+  if (finiteFlags.empty()) {
+    step.main.emitError() << "no float gradients to check";
+    return failure();
+  }
+  Value finite = finiteFlags.front();
+  for (Value flag : llvm::drop_begin(finiteFlags))
+    finite = shlo::buildElementwise(builder, step.main.getLoc(), "and",
+                                    {finite, flag});
+  return finite;
+}
+
+/// An overflowed step keeps the old parameters and optimizer state: each
+/// state result becomes select(finite, new, old).
+void LossScalePass::keepOldStateUnlessFinite(TrainingStep &step,
+                                             Value finite) {
+  Operation *returnOp = step.main.front().getTerminator();
+  OpBuilder builder(returnOp);
+  Location loc = step.main.getLoc();
+  llvm::SmallVector<std::pair<Value, Value>> selected; // (new value, select)
+  for (auto [result, arg] : step.states) {
+    Value updated = returnOp->getOperand(result);
+    Value old = step.main.getArgument(arg);
+    if (old.getType() != updated.getType())
+      old = shlo::buildConvert(
+          builder, loc, old,
+          cast<ShapedType>(updated.getType()).getElementType());
+    Value select = shlo::buildSelect(builder, loc, finite, updated, old);
+    returnOp->setOperand(result, select);
+    selected.push_back({updated, select});
+  }
+  readSelectedState(step, selected);
+}
+
+/// Ops that compute only state results (Adam's update reads its new moments)
+/// read the selected values instead of the unselected ones. Otherwise the
+/// new moment has two readers, XLA recomputes it into both, and with the
+/// state donated it must copy every moment buffer to keep the old values for
+/// the second reader. Exact: when gradients are finite the select is the new
+/// value; when they are not, these ops only feed results that are replaced
+/// by the old values anyway.
+void LossScalePass::readSelectedState(
+    TrainingStep &step,
+    llvm::ArrayRef<std::pair<Value, Value>> selected) {
+  Block &entry = step.main.front();
+  llvm::DenseSet<Operation *> selects, stateOnly;
+  for (auto [updated, select] : selected)
+    selects.insert(select.getDefiningOp());
+  // Backwards: an op is state-only if it is plain StableHLO arithmetic and
+  // every reader is a state select (as its new value) or state-only.
+  for (Operation &op : llvm::reverse(entry)) {
+    if (selects.contains(&op) || op.use_empty() || op.getNumRegions() ||
+        !shlo::isStableHLO(&op) || shlo::isCustomCall(&op))
+      continue;
+    bool onlyState = llvm::all_of(op.getUses(), [&](OpOperand &use) {
+      Operation *user = use.getOwner();
+      return (selects.contains(user) && use.getOperandNumber() == 1) ||
+             stateOnly.contains(user);
+    });
+    if (onlyState)
+      stateOnly.insert(&op);
+  }
+  bool redirected = false;
+  for (auto [updated, select] : selected)
+    updated.replaceUsesWithIf(select, [&](OpOperand &use) {
+      bool redirect = stateOnly.contains(use.getOwner());
+      redirected |= redirect;
+      return redirect;
+    });
+  // The selects are built at the end; the ops that now read them move after
+  // them (graph order only: these ops have no side effects).
+  if (redirected)
+    sortTopologically(&entry);
+}
+
+/// The dynamic rule: on overflow `scale = max(min, scale * backoff)` and the
+/// counter resets; after `growth-interval` finite steps the scale grows
+/// unless that overflows f32 or passes `max-scale`.
+llvm::SmallVector<std::pair<Value, llvm::StringRef>>
+LossScalePass::buildScaleUpdate(OpBuilder &builder, Location loc,
+                                const ScaleState &state, Value finite) {
+  Type f32 = builder.getF32Type(), i32 = builder.getI32Type();
+  auto f32Const = [&](double v) { return shlo::buildScalar(builder, loc, f32, v); };
+  auto i32Const = [&](int64_t v) {
+    return shlo::buildScalar(builder, loc, i32, static_cast<double>(v));
+  };
+  auto op = [&](llvm::StringRef name, ValueRange operands) {
+    return shlo::buildElementwise(builder, loc, name, operands);
+  };
+  Value scale = state.scale, counter = state.counter;
+  Value grownCounter = op("add", {counter, i32Const(1)});
+  Value atInterval = shlo::buildCompare(builder, loc, grownCounter,
+                                        i32Const(config.growthInterval), "GE");
+  Value grown = op("multiply", {scale, f32Const(config.growthFactor)});
+  Value canGrow = op(
+      "and", {shlo::buildIsFinite(builder, loc, grown),
+              shlo::buildCompare(builder, loc, grown,
+                                 f32Const(config.maxScale), "LE")});
+  Value grow = op("and", {atInterval, canGrow});
+  Value finiteScale = shlo::buildSelect(builder, loc, grow, grown, scale);
+  Value finiteCounter =
+      shlo::buildSelect(builder, loc, atInterval, i32Const(0), grownCounter);
+  Value backedOff =
+      op("maximum", {op("multiply", {scale, f32Const(config.backoffFactor)}),
+                     f32Const(config.minScale)});
+  return {{shlo::buildSelect(builder, loc, finite, finiteScale, backedOff),
+           attr::kLossScale},
+          {shlo::buildSelect(builder, loc, finite, finiteCounter, i32Const(0)),
+           attr::kLossScaleCounter}};
+}
+
+void LossScalePass::appendResults(TrainingStep &step, const ScaleState &state,
+                                  Value finite) {
+  Operation *returnOp = step.main.front().getTerminator();
+  OpBuilder builder(returnOp);
+  Location loc = step.main.getLoc();
+  llvm::SmallVector<std::pair<Value, llvm::StringRef>> values = {
+      {finite, attr::kGradsFinite}};
+  if (config.mode == LossScaleMode::Dynamic)
+    values.append(buildScaleUpdate(builder, loc, state, finite));
+  llvm::SmallVector<Value> operands(returnOp->getOperands());
+  for (llvm::StringRef role : lossScaleLayout(config.mode).results) {
+    auto it = llvm::find_if(values, [&](auto &v) { return v.second == role; });
+    assert(it != values.end() && "the layout names a result the pass builds");
+    step.main.insertResult(step.main.getNumResults(), it->first.getType(),
+                           builder.getDictionaryAttr({builder.getNamedAttr(
+                               role, builder.getUnitAttr())}));
+    operands.push_back(it->first);
+  }
+  returnOp->setOperands(operands);
+  // The markers are consumed.
+  MLIRContext *context = &getContext();
+  for (unsigned i = 0, e = step.main.getNumArguments(); i < e; ++i)
+    step.main.removeArgAttr(i, attr::kLossSeed);
+  for (unsigned i = 0, e = step.main.getNumResults(); i < e; ++i) {
+    step.main.removeResultAttr(i, StringAttr::get(context, attr::kGradient));
+    step.main.removeResultAttr(i, StringAttr::get(context, attr::kStateOf));
+  }
+}
 
 void LossScalePass::runOnOperation() {
   ModuleOp module = getOperation();
@@ -91,244 +424,18 @@ void LossScalePass::runOnOperation() {
     module.emitError() << optionError;
     return signalPassFailure();
   }
-  auto func = module.lookupSymbol<func::FuncOp>("main");
-  if (!func || func.isExternal() || !func.isPublic()) {
-    module.emitError() << "amp-loss-scale needs a public function 'main'";
+  FailureOr<TrainingStep> step = findTrainingStep(module);
+  if (failed(step) || failed(validate(*step)))
     return signalPassFailure();
-  }
-  Block &entry = func.front();
-  auto returnOp = cast<func::ReturnOp>(entry.getTerminator());
-  MLIRContext *context = module.getContext();
-  Location loc = func.getLoc();
-  Type f32 = Float32Type::get(context);
-  Type i32 = IntegerType::get(context, 32);
-  auto scalarF32 = RankedTensorType::get({}, f32);
-  auto scalarI32 = RankedTensorType::get({}, i32);
-
-  // Which argument is the seed, which values are gradients, which results are
-  // new values of which arguments.
-  int seedIndex = seedArg;
-  for (unsigned i = 0, e = func.getNumArguments(); i < e && seedIndex < 0; ++i)
-    if (func.getArgAttr(i, kLossSeedAttr))
-      seedIndex = i;
-  llvm::SmallVector<unsigned> gradientIndices(gradientResults.begin(),
-                                              gradientResults.end());
-  llvm::SmallVector<std::pair<unsigned, unsigned>> states(statePairs);
-  for (unsigned i = 0, e = func.getNumResults(); i < e; ++i) {
-    if (func.getResultAttr(i, kGradientAttr) &&
-        !llvm::is_contained(gradientIndices, i))
-      gradientIndices.push_back(i);
-    if (auto arg = func.getResultAttrOfType<IntegerAttr>(i, kStateOfAttr))
-      states.push_back({i, static_cast<unsigned>(arg.getInt())});
-  }
-  llvm::SmallVector<Operation *> markers;
-  module.walk([&](Operation *op) {
-    if (shlo::isGradientsMarker(op))
-      markers.push_back(op);
-  });
-
-  if (parsedMode != Mode::None) {
-    if (seedIndex < 0 || seedIndex >= static_cast<int>(func.getNumArguments())) {
-      func.emitError() << "no loss seed argument: mark the loss cotangent "
-                          "argument with 'amp.loss_seed' or pass seed-arg=N";
-      return signalPassFailure();
-    }
-    auto seedType =
-        dyn_cast<RankedTensorType>(func.getArgument(seedIndex).getType());
-    if (!seedType || seedType.getRank() != 0 ||
-        !isa<FloatType>(seedType.getElementType())) {
-      func.emitError() << "loss seed argument #" << seedIndex
-                       << " must be a float scalar, got "
-                       << func.getArgument(seedIndex).getType();
-      return signalPassFailure();
-    }
-  }
-  if (gradientIndices.empty() && markers.empty()) {
-    func.emitError() << "no gradients: mark gradient results with "
-                        "'amp.gradient', pass gradient-results=..., or wrap "
-                        "them in a custom_call @"
-                     << shlo::kGradientsMarker;
+  FailureOr<ScaleState> state = appendArguments(*step);
+  if (failed(state))
     return signalPassFailure();
-  }
-  for (unsigned index : gradientIndices)
-    if (index >= func.getNumResults()) {
-      func.emitError() << "gradient result #" << index << " does not exist";
-      return signalPassFailure();
-    }
-  for (auto [result, arg] : states) {
-    if (result >= func.getNumResults() || arg >= func.getNumArguments()) {
-      func.emitError() << "state result #" << result << " of argument #"
-                       << arg << " does not exist";
-      return signalPassFailure();
-    }
-    // A parameter passed in bf16 may come back in f32 (p= and o= differ):
-    // the old value is converted for the select, which is exact.
-    auto resultType = dyn_cast<ShapedType>(func.getResultTypes()[result]);
-    auto argType = dyn_cast<ShapedType>(func.getArgumentTypes()[arg]);
-    bool sameShape = resultType && argType && resultType.hasRank() &&
-                     argType.hasRank() &&
-                     resultType.getShape() == argType.getShape();
-    bool convertible = sameShape &&
-                       isa<FloatType>(resultType.getElementType()) &&
-                       isa<FloatType>(argType.getElementType());
-    if (resultType != argType && !convertible) {
-      func.emitError() << "state result #" << result << " ("
-                       << func.getResultTypes()[result]
-                       << ") does not have the type of argument #" << arg
-                       << " (" << func.getArgumentTypes()[arg] << ")";
-      return signalPassFailure();
-    }
-  }
-
-  // New arguments: the scale and, for dynamic scaling, the counter; each
-  // carries a unit attribute naming what it is.
-  OpBuilder builder(context);
-  auto markedAttrs = [&](llvm::StringRef name) {
-    return builder.getDictionaryAttr(
-        {builder.getNamedAttr(name, builder.getUnitAttr())});
-  };
-  auto appendArgument = [&](Type type, llvm::StringRef name) -> Value {
-    unsigned index = func.getNumArguments();
-    if (failed(func.insertArgument(index, type, markedAttrs(name), loc)))
-      return {};
-    return func.getArgument(index);
-  };
-  Value scale, counter, inverse;
-  if (parsedMode != Mode::None && !(scale = appendArgument(scalarF32,
-                                                           kLossScaleAttr)))
+  scaleSeed(*step, *state);
+  FailureOr<Value> finite = unscaleAndCheck(*step, *state);
+  if (failed(finite))
     return signalPassFailure();
-  if (parsedMode == Mode::Dynamic &&
-      !(counter = appendArgument(scalarI32, kCounterAttr)))
-    return signalPassFailure();
-
-  // The seed becomes seed * scale; 1 / scale is computed once, in f32.
-  if (parsedMode != Mode::None) {
-    builder.setInsertionPointToStart(&entry);
-    Value seed = func.getArgument(seedIndex);
-    Type seedElement = cast<ShapedType>(seed.getType()).getElementType();
-    Value factor = seedElement == f32
-                       ? scale
-                       : shlo::buildConvert(builder, loc, scale, seedElement);
-    Value scaled = shlo::buildElementwise(builder, loc, "multiply",
-                                          {seed, factor});
-    seed.replaceAllUsesExcept(scaled, scaled.getDefiningOp());
-    Value one = shlo::buildScalar(builder, loc, f32, 1.0);
-    inverse = shlo::buildElementwise(builder, loc, "divide", {one, scale});
-  }
-
-  // Unscale each gradient and check it, reading it once.
-  llvm::SmallVector<Value> finiteFlags;
-  bool badGradient = false;
-  auto unscale = [&](Value gradient) -> Value {
-    auto type = dyn_cast<RankedTensorType>(gradient.getType());
-    auto element = type ? dyn_cast<FloatType>(type.getElementType()) : nullptr;
-    if (!element) {
-      // Integer or opaque leaves (step counters) have no gradient to scale.
-      return gradient;
-    }
-    Location gradLoc = gradient.getLoc();
-    Value value = element == f32
-                      ? gradient
-                      : shlo::buildConvert(builder, gradLoc, gradient, f32);
-    if (inverse)
-      value = shlo::buildElementwise(
-          builder, gradLoc, "multiply",
-          {value, shlo::buildBroadcastScalar(
-                      builder, gradLoc, inverse,
-                      cast<RankedTensorType>(value.getType()))});
-    finiteFlags.push_back(shlo::buildReduceAll(
-        builder, gradLoc, shlo::buildIsFinite(builder, gradLoc, value)));
-    return element == f32 ? value
-                          : shlo::buildConvert(builder, gradLoc, value, element);
-  };
-  for (Operation *marker : markers) {
-    if (marker->getParentOp() != func.getOperation()) {
-      marker->emitError() << "gradients must be marked in the body of 'main', "
-                             "not inside a region or another function";
-      badGradient = true;
-      continue;
-    }
-    builder.setInsertionPointAfter(marker);
-    for (auto [operand, result] :
-         llvm::zip(marker->getOperands(), marker->getResults()))
-      result.replaceAllUsesWith(unscale(operand));
-    marker->erase();
-  }
-  if (badGradient)
-    return signalPassFailure();
-  builder.setInsertionPoint(returnOp);
-  for (unsigned index : gradientIndices)
-    returnOp->setOperand(index, unscale(returnOp->getOperand(index)));
-  if (finiteFlags.empty()) {
-    func.emitError() << "no float gradients to check";
-    return signalPassFailure();
-  }
-  Value finite = finiteFlags.front();
-  for (Value flag : llvm::drop_begin(finiteFlags))
-    finite = shlo::buildElementwise(builder, loc, "and", {finite, flag});
-
-  // An overflowed step keeps the old parameters and optimizer state.
-  for (auto [result, arg] : states) {
-    Value updated = returnOp->getOperand(result);
-    Value old = func.getArgument(arg);
-    if (old.getType() != updated.getType())
-      old = shlo::buildConvert(
-          builder, loc, old,
-          cast<ShapedType>(updated.getType()).getElementType());
-    returnOp->setOperand(result,
-                         shlo::buildSelect(builder, loc, finite, updated, old));
-  }
-
-  llvm::SmallVector<std::pair<Value, llvm::StringLiteral>> extraResults = {
-      {finite, kFiniteAttr}};
-  if (parsedMode == Mode::Dynamic) {
-    auto constF32 = [&](double v) { return shlo::buildScalar(builder, loc, f32, v); };
-    auto constI32 = [&](int64_t v) {
-      return shlo::buildScalar(builder, loc, i32, static_cast<double>(v));
-    };
-    Value grownCounter = shlo::buildElementwise(builder, loc, "add",
-                                                {counter, constI32(1)});
-    Value atInterval = shlo::buildCompare(builder, loc, grownCounter,
-                                          constI32(growthInterval), "GE");
-    Value grown = shlo::buildElementwise(builder, loc, "multiply",
-                                         {scale, constF32(growthFactor)});
-    Value canGrow = shlo::buildElementwise(
-        builder, loc, "and",
-        {shlo::buildIsFinite(builder, loc, grown),
-         shlo::buildCompare(builder, loc, grown, constF32(maxScale), "LE")});
-    Value grow = shlo::buildElementwise(builder, loc, "and",
-                                        {atInterval, canGrow});
-    Value finiteScale = shlo::buildSelect(builder, loc, grow, grown, scale);
-    Value finiteCounter =
-        shlo::buildSelect(builder, loc, atInterval, constI32(0), grownCounter);
-    Value backedOff = shlo::buildElementwise(
-        builder, loc, "maximum",
-        {shlo::buildElementwise(builder, loc, "multiply",
-                                {scale, constF32(backoffFactor)}),
-         constF32(minScale)});
-    extraResults.push_back(
-        {shlo::buildSelect(builder, loc, finite, finiteScale, backedOff),
-         kLossScaleAttr});
-    extraResults.push_back(
-        {shlo::buildSelect(builder, loc, finite, finiteCounter, constI32(0)),
-         kCounterAttr});
-  }
-
-  llvm::SmallVector<Value> operands(returnOp->getOperands());
-  for (auto [value, attr] : extraResults) {
-    unsigned index = func.getNumResults();
-    func.insertResult(index, value.getType(), markedAttrs(attr));
-    operands.push_back(value);
-  }
-  returnOp->setOperands(operands);
-
-  // The markers are consumed.
-  for (unsigned i = 0, e = func.getNumArguments(); i < e; ++i)
-    func.removeArgAttr(i, kLossSeedAttr);
-  for (unsigned i = 0, e = func.getNumResults(); i < e; ++i) {
-    func.removeResultAttr(i, StringAttr::get(context, kGradientAttr));
-    func.removeResultAttr(i, StringAttr::get(context, kStateOfAttr));
-  }
+  keepOldStateUnlessFinite(*step, *finite);
+  appendResults(*step, *state, *finite);
 }
 
 } // namespace

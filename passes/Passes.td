@@ -61,20 +61,32 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
     ```
   }];
   let options = [
-    Option<"policy", "policy", "std::string", "\"p=f32,c=bf16,o=f32\"",
-           "Precision policy: p=PARAM,c=COMPUTE,o=OUTPUT (jmp grammar)">,
-    Option<"level", "level", "std::string", "\"O2\"",
-           "O0 (no change), O1 (allow ops only), O2 (painting), O3 (all float ops)">,
-    Option<"target", "target", "std::string", "\"gpu\"",
+    Option<"policy", "policy", "std::string",
+           "::mlir::amp::kDefaultPolicy.str()",
+           "Precision policy: p=PARAM,c=COMPUTE,o=OUTPUT[,gemm=GEMM] (jmp "
+           "grammar)">,
+    Option<"level", "level", "std::string",
+           "::mlir::amp::levelName(::mlir::amp::kDefaultLevel).str()",
+           "O0 (no change), O1 (allow ops only), O2 (painting), O3 (all float "
+           "ops)">,
+    Option<"target", "target", "std::string",
+           "::mlir::amp::targetName(::mlir::amp::kDefaultTarget).str()",
            "Backend the module runs on: cpu, gpu or tpu">,
-    Option<"dotResult", "dot-result", "std::string", "\"f32\"",
+    Option<"dotResult", "dot-result", "std::string",
+           "::mlir::amp::dotResultName(::mlir::amp::kDefaultDotResult).str()",
            "Result dtype of lowered dot_general/convolution: f32 or compute">,
+    Option<"storage", "storage", "std::string", "\"\"",
+           "Storage of large f32 results: f32 or compute (default: the "
+           "target's, see the description)">,
     ListOption<"keepF32", "keep-f32", "std::string",
                "Op names forced to stay f32 (e.g. stablehlo.tanh or tanh)">,
     ListOption<"forceCompute", "force-compute", "std::string",
                "Op names forced into the compute dtype">,
-    Option<"annotate", "annotate", "bool", "false",
-           "Attach the decision for each op as an `amp.precision` attribute">,
+    ListOption<"keepGroups", "keep-groups", "int64_t",
+               "Calibration groups (numbers from the report) kept in f32">,
+    Option<"report", "report", "bool", "false",
+           "Attach each op's decision as an `amp.decision` attribute, and "
+           "mark inserted converts `amp.inserted`">,
   ];
 }
 
@@ -153,7 +165,8 @@ def AmpLossScalePass : Pass<"amp-loss-scale", "::mlir::ModuleOp"> {
     ```
   }];
   let options = [
-    Option<"mode", "mode", "std::string", "\"dynamic\"",
+    Option<"mode", "mode", "std::string",
+           "::mlir::amp::lossScaleModeName(::mlir::amp::LossScaleConfig().mode).str()",
            "dynamic (scale updated in the graph), static, or none">,
     Option<"seedArg", "seed-arg", "int", "-1",
            "Index of the loss cotangent seed argument (default: the argument "
@@ -162,16 +175,21 @@ def AmpLossScalePass : Pass<"amp-loss-scale", "::mlir::ModuleOp"> {
                "Indices of results that are gradients">,
     ListOption<"stateResults", "state-results", "std::string",
                "RESULT:ARG pairs: result RESULT is the new value of argument ARG">,
-    Option<"growthInterval", "growth-interval", "int64_t", "2000",
+    Option<"growthInterval", "growth-interval", "int64_t",
+           "::mlir::amp::LossScaleConfig().growthInterval",
            "Finite steps before the scale grows">,
-    Option<"growthFactor", "growth-factor", "double", "2.0",
+    Option<"growthFactor", "growth-factor", "double",
+           "::mlir::amp::LossScaleConfig().growthFactor",
            "Factor the scale grows by">,
-    Option<"backoffFactor", "backoff-factor", "double", "0.5",
+    Option<"backoffFactor", "backoff-factor", "double",
+           "::mlir::amp::LossScaleConfig().backoffFactor",
            "Factor the scale shrinks by on overflow">,
-    Option<"minScale", "min-scale", "double", "1.0",
+    Option<"minScale", "min-scale", "double",
+           "::mlir::amp::LossScaleConfig().minScale",
            "Floor of the scale (may be below 1)">,
-    Option<"maxScale", "max-scale", "double", "16777216.0",
-           "Ceiling of the scale (2**24)">,
+    Option<"maxScale", "max-scale", "double",
+           "::mlir::amp::LossScaleConfig().maxScale",
+           "Ceiling of the scale">,
   ];
 }
 

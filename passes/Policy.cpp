@@ -1,23 +1,26 @@
-//===- Policy.cpp - Parsing and printing precision policies ---------------===//
+//===- Policy.cpp - Parsing and printing policies and option choices ------===//
 
 #include "Policy.h"
 
 #include "mlir/IR/BuiltinTypes.h"
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallVector.h"
-#include "llvm/ADT/StringSwitch.h"
+#include "llvm/ADT/StringExtras.h"
 
 using namespace mlir;
 using namespace mlir::amp;
 
 namespace {
-struct DtypeSpelling {
+
+template <typename T>
+struct Spelling {
   const char *name;
-  Dtype dtype;
+  T value;
 };
+
 // The first spelling of each dtype is its canonical name. `half` is f16, as
 // on GPUs; bf16 must be asked for by name.
-constexpr DtypeSpelling kDtypeSpellings[] = {
+constexpr Spelling<Dtype> kDtypeSpellings[] = {
     {"f32", Dtype::F32},           {"float32", Dtype::F32},
     {"full", Dtype::F32},          {"bf16", Dtype::BF16},
     {"bfloat16", Dtype::BF16},     {"f16", Dtype::F16},
@@ -26,26 +29,102 @@ constexpr DtypeSpelling kDtypeSpellings[] = {
     {"f8e4m3fn", Dtype::F8E4M3FN}, {"float8_e4m3fn", Dtype::F8E4M3FN},
     {"f8e5m2", Dtype::F8E5M2},     {"float8_e5m2", Dtype::F8E5M2},
 };
+constexpr Dtype kDtypes[] = {Dtype::F32, Dtype::BF16,     Dtype::F16,
+                             Dtype::F64, Dtype::F8E4M3FN, Dtype::F8E5M2};
 
-llvm::Error policyError(const llvm::Twine &message) {
+constexpr Spelling<GemmDtype> kGemmSpellings[] = {
+    {"compute", GemmDtype::Compute},
+    {"f8", GemmDtype::F8},
+    {"fp8", GemmDtype::F8},
+    {"f8e4m3fn", GemmDtype::F8E4M3FN},
+    {"float8_e4m3fn", GemmDtype::F8E4M3FN},
+    {"f8e5m2", GemmDtype::F8E5M2},
+    {"float8_e5m2", GemmDtype::F8E5M2},
+};
+constexpr GemmDtype kGemmDtypes[] = {GemmDtype::Compute, GemmDtype::F8,
+                                     GemmDtype::F8E4M3FN, GemmDtype::F8E5M2};
+
+llvm::Error optionError(const llvm::Twine &message) {
   return llvm::createStringError(llvm::inconvertibleErrorCode(), message);
 }
 
-llvm::Expected<Dtype> parseDtype(llvm::StringRef key, llvm::StringRef text) {
-  std::string lowered = text.trim().lower();
-  for (const DtypeSpelling &spelling : kDtypeSpellings)
-    if (lowered == spelling.name)
-      return spelling.dtype;
-  return policyError("unknown dtype '" + text + "' for key '" + key +
-                     "' (accepted: " + acceptedDtypeNames() + ")");
+template <typename T, size_t N>
+llvm::SmallVector<llvm::StringRef> spellingsOf(const Spelling<T> (&table)[N],
+                                               T value) {
+  llvm::SmallVector<llvm::StringRef> names;
+  for (const Spelling<T> &spelling : table)
+    if (spelling.value == value)
+      names.push_back(spelling.name);
+  return names;
 }
+
+template <typename T, size_t N>
+std::string acceptedNames(const Spelling<T> (&table)[N]) {
+  llvm::SmallVector<llvm::StringRef> names;
+  for (const Spelling<T> &spelling : table)
+    names.push_back(spelling.name);
+  return llvm::join(names, ", ");
+}
+
+template <typename T, size_t N>
+std::optional<T> lookup(const Spelling<T> (&table)[N], llvm::StringRef text) {
+  std::string lowered = text.trim().lower();
+  for (const Spelling<T> &spelling : table)
+    if (lowered == spelling.name)
+      return spelling.value;
+  return std::nullopt;
+}
+
+const llvm::SmallVector<PolicyKey> &keys() {
+  static const llvm::SmallVector<PolicyKey> table = {
+      {"param", {"p", "param", "params"}},
+      {"compute", {"c", "compute"}},
+      {"output", {"o", "output"}},
+      {"gemm", {"gemm"}},
+  };
+  return table;
+}
+
+/// Looks `value` up among the canonical `names` of an enum listed in `values`
+/// order; the error names the option and the accepted values.
+template <typename Enum>
+llvm::Expected<Enum> parseChoice(llvm::StringRef option, llvm::StringRef text,
+                                 llvm::ArrayRef<llvm::StringRef> names,
+                                 llvm::ArrayRef<Enum> values) {
+  for (auto [name, value] : llvm::zip(names, values))
+    if (text.trim() == name)
+      return value;
+  return optionError("unknown " + option + " '" + text + "' (accepted: " +
+                     llvm::join(names, ", ") + ")");
+}
+
+constexpr llvm::StringRef kLevelNames[] = {"O0", "O1", "O2", "O3"};
+constexpr Level kLevels[] = {Level::O0, Level::O1, Level::O2, Level::O3};
+constexpr llvm::StringRef kTargetNames[] = {"cpu", "gpu", "tpu"};
+constexpr Target kTargets[] = {Target::Cpu, Target::Gpu, Target::Tpu};
+constexpr llvm::StringRef kDotResultNames[] = {"f32", "compute"};
+constexpr DotResult kDotResults[] = {DotResult::F32, DotResult::Compute};
+constexpr llvm::StringRef kStorageNames[] = {"f32", "compute"};
+constexpr Storage kStorages[] = {Storage::F32, Storage::Compute};
+
 } // namespace
 
+//===----------------------------------------------------------------------===//
+// Dtypes
+//===----------------------------------------------------------------------===//
+
 llvm::StringRef mlir::amp::dtypeName(Dtype dtype) {
-  for (const DtypeSpelling &spelling : kDtypeSpellings)
-    if (spelling.dtype == dtype)
-      return spelling.name;
-  llvm_unreachable("every dtype has a spelling");
+  return spellingsOf(kDtypeSpellings, dtype).front();
+}
+
+llvm::SmallVector<llvm::StringRef> mlir::amp::dtypeSpellings(Dtype dtype) {
+  return spellingsOf(kDtypeSpellings, dtype);
+}
+
+llvm::ArrayRef<Dtype> mlir::amp::allDtypes() { return kDtypes; }
+
+bool mlir::amp::isFp8(Dtype dtype) {
+  return dtype == Dtype::F8E4M3FN || dtype == Dtype::F8E5M2;
 }
 
 FloatType mlir::amp::dtypeType(MLIRContext *context, Dtype dtype) {
@@ -66,81 +145,174 @@ FloatType mlir::amp::dtypeType(MLIRContext *context, Dtype dtype) {
   llvm_unreachable("unknown dtype");
 }
 
-std::string mlir::amp::acceptedDtypeNames() {
-  std::string names;
-  for (const DtypeSpelling &spelling : kDtypeSpellings) {
-    if (!names.empty())
-      names += ", ";
-    names += spelling.name;
-  }
-  return names;
+llvm::StringRef mlir::amp::gemmDtypeName(GemmDtype gemm) {
+  return spellingsOf(kGemmSpellings, gemm).front();
 }
 
-llvm::Expected<Level> mlir::amp::parseLevel(llvm::StringRef text) {
-  std::string upper = text.trim().upper();
-  std::optional<Level> level = llvm::StringSwitch<std::optional<Level>>(upper)
-                                   .Case("O0", Level::O0)
-                                   .Case("O1", Level::O1)
-                                   .Case("O2", Level::O2)
-                                   .Case("O3", Level::O3)
-                                   .Default(std::nullopt);
-  if (!level)
-    return policyError("unknown level '" + text +
-                       "' (accepted: O0, O1, O2, O3)");
-  return *level;
+llvm::SmallVector<llvm::StringRef>
+mlir::amp::gemmDtypeSpellings(GemmDtype gemm) {
+  return spellingsOf(kGemmSpellings, gemm);
 }
 
-llvm::StringRef mlir::amp::levelName(Level level) {
-  static const char *names[] = {"O0", "O1", "O2", "O3"};
-  return names[static_cast<int>(level)];
-}
+llvm::ArrayRef<GemmDtype> mlir::amp::allGemmDtypes() { return kGemmDtypes; }
+
+//===----------------------------------------------------------------------===//
+// The policy grammar
+//===----------------------------------------------------------------------===//
+
+llvm::ArrayRef<PolicyKey> mlir::amp::policyKeys() { return keys(); }
 
 std::string Policy::str() const {
-  return ("p=" + dtypeName(param) + ",c=" + dtypeName(compute) +
-          ",o=" + dtypeName(output))
-      .str();
+  std::string text = ("p=" + dtypeName(param) + ",c=" + dtypeName(compute) +
+                      ",o=" + dtypeName(output))
+                         .str();
+  if (gemm != GemmDtype::Compute)
+    text += ",gemm=" + gemmDtypeName(gemm).str();
+  return text;
 }
 
 llvm::Expected<Policy> mlir::amp::parsePolicy(llvm::StringRef text) {
   std::optional<Dtype> param, compute, output;
+  std::optional<GemmDtype> gemm;
   if (text.trim().empty())
-    return policyError("empty policy (expected " + policyGrammarHelp() + ")");
+    return optionError("empty policy (expected " + policyGrammarHelp() + ")");
   llvm::SmallVector<llvm::StringRef> items;
   text.split(items, ',');
   for (llvm::StringRef item : items) {
     item = item.trim();
     auto [key, value] = item.split('=');
     key = key.trim();
-    if (!item.contains('=') || key.empty() || value.trim().empty())
-      return policyError("malformed policy entry '" + item +
-                         "' (expected KEY=DTYPE with KEY one of p, c, o)");
-    std::optional<Dtype> *slot =
-        llvm::StringSwitch<std::optional<Dtype> *>(key.lower())
-            .Cases({"p", "param", "params"}, &param)
-            .Cases({"c", "compute"}, &compute)
-            .Cases({"o", "output"}, &output)
-            .Default(nullptr);
-    if (!slot)
-      return policyError("unknown policy key '" + key +
-                         "' (accepted: p|param|params, c|compute, o|output)");
+    value = value.trim();
+    if (!item.contains('=') || key.empty() || value.empty())
+      return optionError("malformed policy entry '" + item +
+                         "' (expected KEY=DTYPE with KEY one of p, c, o, "
+                         "gemm)");
+    const PolicyKey *match = nullptr;
+    for (const PolicyKey &candidate : keys())
+      if (llvm::is_contained(candidate.spellings, key.lower()))
+        match = &candidate;
+    if (!match)
+      return optionError("unknown policy key '" + key +
+                         "' (accepted: p|param|params, c|compute, o|output, "
+                         "gemm)");
+    if (match->role == "gemm") {
+      if (gemm)
+        return optionError("policy key '" + key + "' given twice");
+      gemm = lookup(kGemmSpellings, value);
+      if (!gemm)
+        return optionError("unknown GEMM operand dtype '" + value +
+                           "' for key 'gemm' (accepted: " +
+                           acceptedNames(kGemmSpellings) + ")");
+      continue;
+    }
+    std::optional<Dtype> *slot = match->role == "param"     ? &param
+                                 : match->role == "compute" ? &compute
+                                                            : &output;
     if (slot->has_value())
-      return policyError("policy key '" + key + "' given twice");
-    llvm::Expected<Dtype> dtype = parseDtype(key, value);
+      return optionError("policy key '" + key + "' given twice");
+    std::optional<Dtype> dtype = lookup(kDtypeSpellings, value);
     if (!dtype)
-      return dtype.takeError();
+      return optionError("unknown dtype '" + value + "' for key '" + key +
+                         "' (accepted: " + acceptedNames(kDtypeSpellings) +
+                         ")");
+    if (isFp8(*dtype))
+      // FP8 has no arithmetic worth doing elementwise, and unscaled FP8
+      // overflows to NaN: it is only an operand format for scaled GEMMs.
+      return optionError("FP8 dtype '" + value + "' cannot be the " +
+                         match->role +
+                         " dtype: FP8 is a GEMM operand format; keep " +
+                         match->role +
+                         " in bf16/f16/f32 and add gemm=f8 (for example "
+                         "p=f32,c=bf16,o=f32,gemm=f8)");
     *slot = *dtype;
   }
   Policy policy;
   policy.param = param.value_or(Dtype::F32);
   policy.compute = compute.value_or(policy.param);
   policy.output = output.value_or(policy.compute);
+  policy.gemm = gemm.value_or(GemmDtype::Compute);
   return policy;
 }
 
-llvm::StringRef mlir::amp::policyGrammarHelp() {
-  return "p=DTYPE,c=DTYPE,o=DTYPE: keys p|params (parameters), c|compute, "
-         "o|output; missing keys cascade (compute follows params, output "
-         "follows compute); dtypes f32|float32|full, bf16|bfloat16, "
-         "f16|float16|half, f64|float64, f8e4m3fn|float8_e4m3fn, "
-         "f8e5m2|float8_e5m2";
+std::string mlir::amp::policyGrammarHelp() {
+  std::string dtypes;
+  for (Dtype dtype : kDtypes) {
+    if (isFp8(dtype))
+      continue;
+    if (!dtypes.empty())
+      dtypes += ", ";
+    dtypes += llvm::join(dtypeSpellings(dtype), "|");
+  }
+  std::string gemms;
+  for (GemmDtype gemm : kGemmDtypes) {
+    if (!gemms.empty())
+      gemms += ", ";
+    gemms += llvm::join(gemmDtypeSpellings(gemm), "|");
+  }
+  return "p=DTYPE,c=DTYPE,o=DTYPE[,gemm=GEMM]: keys p|param|params "
+         "(parameters), c|compute, o|output, gemm (matrix-multiply operands); "
+         "missing keys cascade (compute follows params, output follows "
+         "compute, gemm follows compute); dtypes " +
+         dtypes + "; GEMM dtypes " + gemms +
+         " (f8: e4m3fn forward, e5m2 gradients, scaled per tensor)";
+}
+
+//===----------------------------------------------------------------------===//
+// Levels, targets, dot results, storage
+//===----------------------------------------------------------------------===//
+
+llvm::ArrayRef<llvm::StringRef> mlir::amp::levelNames() { return kLevelNames; }
+llvm::ArrayRef<llvm::StringRef> mlir::amp::targetNames() {
+  return kTargetNames;
+}
+llvm::ArrayRef<llvm::StringRef> mlir::amp::dotResultNames() {
+  return kDotResultNames;
+}
+llvm::ArrayRef<llvm::StringRef> mlir::amp::storageNames() {
+  return kStorageNames;
+}
+
+llvm::StringRef mlir::amp::levelName(Level level) {
+  return kLevelNames[static_cast<int>(level)];
+}
+llvm::StringRef mlir::amp::targetName(Target target) {
+  return kTargetNames[static_cast<int>(target)];
+}
+llvm::StringRef mlir::amp::dotResultName(DotResult dotResult) {
+  return kDotResultNames[static_cast<int>(dotResult)];
+}
+llvm::StringRef mlir::amp::storageName(Storage storage) {
+  return kStorageNames[static_cast<int>(storage)];
+}
+
+llvm::Expected<Level> mlir::amp::parseLevel(llvm::StringRef text) {
+  return parseChoice<Level>("level", text.trim().upper(), kLevelNames,
+                            kLevels);
+}
+
+llvm::Expected<Target> mlir::amp::parseTarget(llvm::StringRef text) {
+  return parseChoice<Target>("target", text, kTargetNames, kTargets);
+}
+
+llvm::Expected<DotResult> mlir::amp::parseDotResult(llvm::StringRef text) {
+  return parseChoice<DotResult>("dot-result", text, kDotResultNames,
+                                kDotResults);
+}
+
+llvm::Expected<Storage> mlir::amp::parseStorage(llvm::StringRef text,
+                                                Target target) {
+  if (text.trim().empty())
+    return defaultStorage(target);
+  return parseChoice<Storage>("storage", text, kStorageNames, kStorages);
+}
+
+Storage mlir::amp::defaultStorage(Target target) {
+  // Measured with bench/peers.py (cpu) and bench/gpu.py (gpu): see Passes.td.
+  switch (target) {
+  case Target::Cpu:
+  case Target::Gpu:
+  case Target::Tpu:
+    return Storage::Compute;
+  }
+  llvm_unreachable("unknown target");
 }

@@ -1,7 +1,9 @@
-//===- Policy.h - The precision policy and its grammar --------------------===//
+//===- Policy.h - The precision policy and the option vocabulary ---------===//
 //
-// One grammar for every front end: the pass options, amp-opt --policy and
-// stablehlo_amp.Policy.parse all go through parsePolicy.
+// One grammar and one set of choices for every front end: the pass options,
+// `amp-opt`, and `stablehlo_amp` (through the extension's contract) all parse
+// with these functions, so an accepted spelling or an error message cannot
+// differ between them.
 //
 //===----------------------------------------------------------------------===//
 
@@ -9,6 +11,7 @@
 #define STABLEHLO_AMP_POLICY_H
 
 #include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/ArrayRef.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
@@ -23,35 +26,94 @@ enum class Dtype { F64, F32, BF16, F16, F8E4M3FN, F8E5M2 };
 llvm::StringRef dtypeName(Dtype dtype);
 /// The MLIR element type for `dtype`.
 FloatType dtypeType(MLIRContext *context, Dtype dtype);
-/// The accepted spellings, for error messages and --help.
-std::string acceptedDtypeNames();
+/// Every accepted spelling of `dtype`, canonical name first.
+llvm::SmallVector<llvm::StringRef> dtypeSpellings(Dtype dtype);
+/// Every dtype, in the order the grammar lists them.
+llvm::ArrayRef<Dtype> allDtypes();
+bool isFp8(Dtype dtype);
 
-/// Which parts of the program a policy lowers.
-enum class Level { O0, O1, O2, O3 };
-llvm::Expected<Level> parseLevel(llvm::StringRef text);
-llvm::StringRef levelName(Level level);
+/// The operand dtype of matrix multiplies (the `gemm=` key). `Compute` means
+/// "the compute dtype" and is the default; `F8` means e4m3fn for forward
+/// operands and e5m2 for gradient operands.
+enum class GemmDtype { Compute, F8, F8E4M3FN, F8E5M2 };
+llvm::StringRef gemmDtypeName(GemmDtype gemm);
+llvm::SmallVector<llvm::StringRef> gemmDtypeSpellings(GemmDtype gemm);
+llvm::ArrayRef<GemmDtype> allGemmDtypes();
 
-/// Precision policy in the jmp grammar: `p=f32,c=bf16,o=f32`.
+/// Precision policy in the jmp grammar, `p=f32,c=bf16,o=f32`, plus the
+/// optional GEMM operand dtype, `gemm=f8`.
 struct Policy {
   Dtype param = Dtype::F32;
   Dtype compute = Dtype::F32;
   Dtype output = Dtype::F32;
+  GemmDtype gemm = GemmDtype::Compute;
 
-  /// Canonical text, `p=f32,c=bf16,o=f32`; parsePolicy(str()) == *this.
+  /// Canonical text, `p=f32,c=bf16,o=f32[,gemm=f8]`; parsePolicy(str()) ==
+  /// *this.
   std::string str() const;
   bool operator==(const Policy &other) const {
     return param == other.param && compute == other.compute &&
-           output == other.output;
+           output == other.output && gemm == other.gemm;
   }
 };
 
-/// Parses `p=...,c=...,o=...` (keys p|params|param, c|compute, o|output).
-/// Missing keys cascade: compute follows params, output follows compute.
-/// Errors name the bad key or dtype and list the accepted ones.
+/// The keys of the grammar, each with its accepted spellings (canonical
+/// first): p|param|params, c|compute, o|output, gemm.
+struct PolicyKey {
+  llvm::StringRef role; ///< "param", "compute", "output", "gemm"
+  llvm::SmallVector<llvm::StringRef> spellings;
+};
+llvm::ArrayRef<PolicyKey> policyKeys();
+
+/// The policy a pass or front end uses when none is given.
+inline constexpr llvm::StringLiteral kDefaultPolicy = "p=f32,c=bf16,o=f32";
+
+/// Parses a policy. Missing keys cascade: compute follows params, output
+/// follows compute; `gemm` defaults to the compute dtype. Errors name the bad
+/// key or dtype and list the accepted ones. FP8 is accepted only for `gemm`.
 llvm::Expected<Policy> parsePolicy(llvm::StringRef text);
 
-/// The policy grammar, as shown by --help.
-llvm::StringRef policyGrammarHelp();
+/// The policy grammar, as --help and error messages show it.
+std::string policyGrammarHelp();
+
+//===----------------------------------------------------------------------===//
+// The other options of amp-insert-converts: each a closed set of names.
+//===----------------------------------------------------------------------===//
+
+/// Which parts of the program a policy lowers.
+enum class Level { O0, O1, O2, O3 };
+inline constexpr Level kDefaultLevel = Level::O2;
+/// The backend a module will run on.
+enum class Target { Cpu, Gpu, Tpu };
+/// The pass's default; front ends pass the backend they run on.
+inline constexpr Target kDefaultTarget = Target::Gpu;
+/// The result dtype of a lowered dot_general or convolution.
+enum class DotResult { F32, Compute };
+inline constexpr DotResult kDefaultDotResult = DotResult::F32;
+/// Where f32 arithmetic keeps its results: in f32, or rounded to the compute
+/// dtype once, right after the producer, when that is safe (see Passes.td).
+enum class Storage { F32, Compute };
+
+llvm::StringRef levelName(Level level);
+llvm::StringRef targetName(Target target);
+llvm::StringRef dotResultName(DotResult dotResult);
+llvm::StringRef storageName(Storage storage);
+
+llvm::ArrayRef<llvm::StringRef> levelNames();
+llvm::ArrayRef<llvm::StringRef> targetNames();
+llvm::ArrayRef<llvm::StringRef> dotResultNames();
+llvm::ArrayRef<llvm::StringRef> storageNames();
+
+/// Each parser accepts the canonical names (levels also in lower case) and
+/// names the accepted ones in its error.
+llvm::Expected<Level> parseLevel(llvm::StringRef text);
+llvm::Expected<Target> parseTarget(llvm::StringRef text);
+llvm::Expected<DotResult> parseDotResult(llvm::StringRef text);
+/// An empty `text` means the target's default (defaultStorage).
+llvm::Expected<Storage> parseStorage(llvm::StringRef text, Target target);
+
+/// The storage used when none is asked for. Measured: see Passes.td.
+Storage defaultStorage(Target target);
 
 } // namespace mlir::amp
 

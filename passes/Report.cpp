@@ -1,12 +1,14 @@
 //===- Report.cpp - What amp-insert-converts decided, as JSON -------------===//
 
 #include "Report.h"
+#include "Contract.h"
 #include "StableHLO.h"
 
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 
 using namespace mlir;
+using namespace mlir::amp;
 
 namespace {
 std::string locationText(Location loc) {
@@ -15,34 +17,81 @@ std::string locationText(Location loc) {
   loc.print(os);
   return text;
 }
+
+std::string typeText(Type type) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  type.print(os);
+  return text;
+}
+
+llvm::json::Object bytesJson(const StorageBytes &bytes) {
+  llvm::json::Object object;
+  for (const auto &[dtype, count] : bytes)
+    object[dtype] = count;
+  return object;
+}
+
+/// One decision attribute as a JSON record.
+llvm::json::Object decisionJson(Operation *op, DictionaryAttr decision) {
+  auto string = [&](llvm::StringRef key) -> llvm::StringRef {
+    auto value = decision.getAs<StringAttr>(key);
+    return value ? value.getValue() : llvm::StringRef();
+  };
+  llvm::json::Object record{
+      {"op", op->getName().getStringRef()},
+      {"precision", string("precision")},
+      {"reason", string("reason")},
+      {"loc", locationText(op->getLoc())},
+  };
+  if (!string("detail").empty())
+    record["detail"] = string("detail");
+  if (auto group = decision.getAs<IntegerAttr>("group"))
+    record["group"] = group.getInt();
+  if (decision.get("stored"))
+    record["stored"] = true;
+  if (!string("gemm").empty())
+    record["gemm"] = string("gemm");
+  return record;
+}
 } // namespace
 
-std::string mlir::amp::collectPrecisionReport(ModuleOp module) {
+StorageBytes mlir::amp::storageBytes(ModuleOp module) {
+  StorageBytes bytes;
+  module.walk([&](Operation *op) {
+    for (Value result : op->getResults()) {
+      FloatType element = shlo::getFloatElementType(result.getType());
+      std::optional<int64_t> count = shlo::numElements(result.getType());
+      if (element && count)
+        bytes[typeText(element)] += *count * element.getWidth() / 8;
+    }
+  });
+  return bytes;
+}
+
+std::string mlir::amp::collectPrecisionReport(ModuleOp module,
+                                              const StorageBytes &before) {
   llvm::json::Array ops;
   int64_t inserted = 0, total = 0;
   module.walk([&](Operation *op) {
     if (shlo::isConvert(op)) {
       ++total;
-      if (op->hasAttr(shlo::kInsertedAttr))
+      if (op->hasAttr(attr::kInserted))
         ++inserted;
     }
-    op->removeAttr(shlo::kInsertedAttr);
-    auto decision = op->getAttrOfType<StringAttr>(shlo::kPrecisionAttr);
+    op->removeAttr(attr::kInserted);
+    auto decision = op->getAttrOfType<DictionaryAttr>(attr::kDecision);
     if (!decision)
       return;
-    op->removeAttr(shlo::kPrecisionAttr);
-    auto [kind, reason] = decision.getValue().split(": ");
-    ops.push_back(llvm::json::Object{
-        {"op", op->getName().getStringRef()},
-        {"precision", kind},
-        {"reason", reason},
-        {"loc", locationText(op->getLoc())},
-    });
+    op->removeAttr(attr::kDecision);
+    ops.push_back(decisionJson(op, decision));
   });
   llvm::json::Object report{
       {"ops", std::move(ops)},
       {"converts_inserted", inserted},
       {"converts_total", total},
+      {"bytes_before", bytesJson(before)},
+      {"bytes_after", bytesJson(storageBytes(module))},
   };
   std::string text;
   llvm::raw_string_ostream os(text);

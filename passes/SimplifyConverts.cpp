@@ -1,11 +1,17 @@
 //===- SimplifyConverts.cpp - Remove converts that change nothing ---------===//
+//
+// amp-simplify-converts: three rewrite patterns run by the greedy driver.
+// None of them removes a conversion that can lose information.
+//
+//===----------------------------------------------------------------------===//
 
 #include "Passes.h"
 #include "StableHLO.h"
 
 #include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/PatternMatch.h"
+#include "mlir/Transforms/GreedyPatternRewriteDriver.h"
 #include "llvm/ADT/APFloat.h"
-#include "llvm/ADT/DenseMap.h"
 
 namespace mlir::amp {
 #define GEN_PASS_DEF_AMPSIMPLIFYCONVERTSPASS
@@ -17,6 +23,8 @@ using namespace mlir::amp;
 
 namespace {
 
+constexpr llvm::StringLiteral kConvertName = "stablehlo.convert";
+
 /// True if every value of `from` is exactly representable in `to`.
 bool isExactWidening(Type from, Type to) {
   auto fromFloat = shlo::getFloatElementType(from);
@@ -27,87 +35,116 @@ bool isExactWidening(Type from, Type to) {
                                               toFloat.getFloatSemantics());
 }
 
+/// A pattern on `stablehlo.convert`, an unregistered op matched by name.
+struct ConvertPattern : RewritePattern {
+  explicit ConvertPattern(MLIRContext *context, PatternBenefit benefit = 1)
+      : RewritePattern(kConvertName, benefit, context) {}
+};
+
+/// convert(x : T) -> T is x.
+struct FoldIdentityConvert final : ConvertPattern {
+  using ConvertPattern::ConvertPattern;
+  LogicalResult matchAndRewrite(Operation *op,
+                                PatternRewriter &rewriter) const override {
+    if (op->getNumOperands() != 1 || op->getNumResults() != 1)
+      return rewriter.notifyMatchFailure(op, "not a unary convert");
+    if (op->getOperand(0).getType() != op->getResult(0).getType())
+      return rewriter.notifyMatchFailure(op, "changes the type");
+    rewriter.replaceOp(op, op->getOperand(0));
+    return success();
+  }
+};
+
+/// convert(convert(x : T -> A) -> B) with T -> A exact is convert(x -> B):
+/// the first conversion lost nothing, so only the second one rounds; when B
+/// is T, it is x.
+struct FoldExactRoundTrip final : ConvertPattern {
+  using ConvertPattern::ConvertPattern;
+  LogicalResult matchAndRewrite(Operation *op,
+                                PatternRewriter &rewriter) const override {
+    if (op->getNumOperands() != 1 || op->getNumResults() != 1)
+      return rewriter.notifyMatchFailure(op, "not a unary convert");
+    Operation *producer = op->getOperand(0).getDefiningOp();
+    if (!producer || !shlo::isConvert(producer) ||
+        producer->getNumOperands() != 1)
+      return rewriter.notifyMatchFailure(op, "input is not a convert");
+    Value source = producer->getOperand(0);
+    if (!isExactWidening(source.getType(), op->getOperand(0).getType()))
+      return rewriter.notifyMatchFailure(
+          op, "the first conversion may round: the pair is not a no-op");
+    if (source.getType() == op->getResult(0).getType())
+      rewriter.replaceOp(op, source);
+    else
+      rewriter.modifyOpInPlace(op, [&] { op->setOperand(0, source); });
+    // Unregistered ops are never trivially dead to the driver.
+    if (producer->use_empty())
+      rewriter.eraseOp(producer);
+    return success();
+  }
+};
+
+/// Converts of one value to one type become one: a convert is replaced by an
+/// equal convert in its own block before it, or in an enclosing block before
+/// the op that holds it (a `case` branch, a loop body).
+struct MergeDuplicateConverts final : ConvertPattern {
+  using ConvertPattern::ConvertPattern;
+  LogicalResult matchAndRewrite(Operation *op,
+                                PatternRewriter &rewriter) const override {
+    if (op->getNumOperands() != 1 || op->getNumResults() != 1)
+      return rewriter.notifyMatchFailure(op, "not a unary convert");
+    Value input = op->getOperand(0);
+    Type type = op->getResult(0).getType();
+    for (Operation *at = op; at && at->getBlock(); at = at->getParentOp()) {
+      for (Operation *user : input.getUsers()) {
+        if (user == op || !shlo::isConvert(user) ||
+            user->getNumResults() != 1 ||
+            user->getResult(0).getType() != type ||
+            user->getBlock() != at->getBlock() || !user->isBeforeInBlock(at))
+          continue;
+        rewriter.replaceOp(op, user->getResults());
+        return success();
+      }
+      if (input.getParentBlock() == at->getBlock())
+        break;
+    }
+    return rewriter.notifyMatchFailure(op, "no earlier equal convert");
+  }
+};
+
 class SimplifyConvertsPass final
     : public amp::impl::AmpSimplifyConvertsPassBase<SimplifyConvertsPass> {
 public:
   using AmpSimplifyConvertsPassBase::AmpSimplifyConvertsPassBase;
 
+  LogicalResult initialize(MLIRContext *context) override {
+    RewritePatternSet patterns(context);
+    populateSimplifyConvertsPatterns(patterns);
+    frozen = std::move(patterns);
+    return success();
+  }
+
   void runOnOperation() override {
-    llvm::SmallVector<Operation *> converts;
-    getOperation().walk([&](Operation *op) {
-      if (shlo::isConvert(op) && op->getNumOperands() == 1 &&
-          op->getNumResults() == 1)
-        converts.push_back(op);
-    });
-    // Program order: by the time a convert is visited, the converts feeding
-    // it are already simplified.
-    for (Operation *convert : converts)
-      simplify(convert);
-    mergeDuplicates();
+    // Program order (a convert's inputs are simplified before it), and no
+    // region simplification: the module's blocks are not ours to merge.
+    GreedyRewriteConfig config;
+    config.setUseTopDownTraversal(true)
+        .setRegionSimplificationLevel(GreedySimplifyRegionLevel::Disabled)
+        .enableFolding(false)
+        .enableConstantCSE(false);
+    if (failed(applyPatternsGreedily(getOperation(), frozen, config))) {
+      getOperation().emitError()
+          << "amp-simplify-converts did not converge";
+      signalPassFailure();
+    }
   }
 
 private:
-  void simplify(Operation *convert) {
-    Value input = convert->getOperand(0);
-    Value result = convert->getResult(0);
-    if (input.getType() == result.getType()) {
-      result.replaceAllUsesWith(input);
-      convert->erase();
-      return;
-    }
-    Operation *producer = input.getDefiningOp();
-    if (!producer || !shlo::isConvert(producer))
-      return;
-    Value source = producer->getOperand(0);
-    // convert(convert(x: T -> A) -> B) with T -> A exact is convert(x -> B):
-    // the first conversion lost nothing, so only the second one rounds.
-    if (!isExactWidening(source.getType(), input.getType()))
-      return;
-    if (source.getType() == result.getType()) {
-      result.replaceAllUsesWith(source);
-      convert->erase();
-    } else {
-      convert->setOperand(0, source);
-    }
-    if (producer->use_empty())
-      producer->erase();
-  }
-
-  /// Converts of one value to one type become one: a later convert in the
-  /// same block, or one nested in a region (a `case` branch, a loop body) of
-  /// an op that comes after the first convert, uses the first.
-  void mergeDuplicates() {
-    llvm::SmallVector<Operation *> converts;
-    getOperation().walk<WalkOrder::PreOrder>([&](Operation *op) {
-      if (shlo::isConvert(op) && op->getNumOperands() == 1)
-        converts.push_back(op);
-    });
-    llvm::DenseMap<std::tuple<Block *, Value, Type>, Operation *> first;
-    for (Operation *convert : converts) {
-      Value input = convert->getOperand(0);
-      Type type = convert->getResult(0).getType();
-      Operation *kept = nullptr;
-      // The convert's own block, then each enclosing block up to the one
-      // that defines the input.
-      for (Operation *at = convert; at && !kept; at = at->getParentOp()) {
-        Block *block = at->getBlock();
-        if (!block)
-          break;
-        auto it = first.find(std::make_tuple(block, input, type));
-        if (it != first.end() && it->second->isBeforeInBlock(at))
-          kept = it->second;
-        if (input.getParentBlock() == block)
-          break;
-      }
-      if (!kept) {
-        first.try_emplace(std::make_tuple(convert->getBlock(), input, type),
-                          convert);
-        continue;
-      }
-      convert->getResult(0).replaceAllUsesWith(kept->getResult(0));
-      convert->erase();
-    }
-  }
+  FrozenRewritePatternSet frozen;
 };
 
 } // namespace
+
+void mlir::amp::populateSimplifyConvertsPatterns(RewritePatternSet &patterns) {
+  patterns.add<FoldIdentityConvert, FoldExactRoundTrip, MergeDuplicateConverts>(
+      patterns.getContext());
+}

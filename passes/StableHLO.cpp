@@ -1,9 +1,10 @@
-//===- StableHLO.cpp - StableHLO op names, classes and builders -----------===//
+//===- StableHLO.cpp - StableHLO op names, operand roles and builders -----===//
 
 #include "StableHLO.h"
 
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/OperationSupport.h"
+#include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/StringSwitch.h"
@@ -11,64 +12,198 @@
 using namespace mlir;
 using namespace mlir::amp;
 
-namespace {
-constexpr llvm::StringLiteral kStableHLO = "stablehlo";
-constexpr llvm::StringLiteral kCHLO = "chlo";
+//===----------------------------------------------------------------------===//
+// Names
+//===----------------------------------------------------------------------===//
 
-/// The op name without its dialect prefix, if it is a StableHLO/CHLO op.
-llvm::StringRef shortName(Operation *op) {
+namespace {
+// The op lists of the StableHLO and CHLO specifications.
+constexpr llvm::StringLiteral kOpNames[] = {
+    // StableHLO.
+    "stablehlo.abs", "stablehlo.add", "stablehlo.after_all",
+    "stablehlo.all_gather", "stablehlo.all_reduce", "stablehlo.all_to_all",
+    "stablehlo.and", "stablehlo.atan2", "stablehlo.batch_norm_grad",
+    "stablehlo.batch_norm_inference", "stablehlo.batch_norm_training",
+    "stablehlo.bitcast_convert", "stablehlo.broadcast",
+    "stablehlo.broadcast_in_dim", "stablehlo.case", "stablehlo.cbrt",
+    "stablehlo.ceil", "stablehlo.cholesky", "stablehlo.clamp",
+    "stablehlo.collective_broadcast", "stablehlo.collective_permute",
+    "stablehlo.compare", "stablehlo.complex", "stablehlo.composite",
+    "stablehlo.concatenate", "stablehlo.constant", "stablehlo.convert",
+    "stablehlo.convolution", "stablehlo.cosine",
+    "stablehlo.count_leading_zeros", "stablehlo.create_token",
+    "stablehlo.cross-replica-sum", "stablehlo.custom_call",
+    "stablehlo.divide", "stablehlo.dot", "stablehlo.dot_general",
+    "stablehlo.dynamic_broadcast_in_dim", "stablehlo.dynamic_conv",
+    "stablehlo.dynamic_gather", "stablehlo.dynamic_iota",
+    "stablehlo.dynamic_pad", "stablehlo.dynamic_reshape",
+    "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice",
+    "stablehlo.einsum", "stablehlo.exponential",
+    "stablehlo.exponential_minus_one", "stablehlo.fft", "stablehlo.floor",
+    "stablehlo.gather", "stablehlo.get_dimension_size",
+    "stablehlo.get_tuple_element", "stablehlo.if", "stablehlo.imag",
+    "stablehlo.infeed", "stablehlo.iota", "stablehlo.is_finite",
+    "stablehlo.log", "stablehlo.log_plus_one", "stablehlo.logistic",
+    "stablehlo.map", "stablehlo.maximum", "stablehlo.minimum",
+    "stablehlo.multiply", "stablehlo.negate", "stablehlo.not",
+    "stablehlo.optimization_barrier", "stablehlo.or", "stablehlo.outfeed",
+    "stablehlo.pad", "stablehlo.partition_id", "stablehlo.popcnt",
+    "stablehlo.power", "stablehlo.real", "stablehlo.real_dynamic_slice",
+    "stablehlo.recv", "stablehlo.reduce", "stablehlo.reduce_precision",
+    "stablehlo.reduce_scatter", "stablehlo.reduce_window",
+    "stablehlo.remainder", "stablehlo.replica_id", "stablehlo.reshape",
+    "stablehlo.return", "stablehlo.reverse", "stablehlo.rng",
+    "stablehlo.rng_bit_generator", "stablehlo.round_nearest_afz",
+    "stablehlo.round_nearest_even", "stablehlo.rsqrt", "stablehlo.scatter",
+    "stablehlo.select", "stablehlo.select_and_scatter", "stablehlo.send",
+    "stablehlo.set_dimension_size", "stablehlo.shift_left",
+    "stablehlo.shift_right_arithmetic", "stablehlo.shift_right_logical",
+    "stablehlo.sign", "stablehlo.sine", "stablehlo.slice", "stablehlo.sort",
+    "stablehlo.sqrt", "stablehlo.subtract", "stablehlo.tan",
+    "stablehlo.tanh", "stablehlo.torch_index_select", "stablehlo.transpose",
+    "stablehlo.triangular_solve", "stablehlo.tuple",
+    "stablehlo.unary_einsum", "stablehlo.uniform_dequantize",
+    "stablehlo.uniform_quantize", "stablehlo.while", "stablehlo.xor",
+    // CHLO.
+    "chlo.acos", "chlo.acosh", "chlo.asin", "chlo.asinh", "chlo.atan",
+    "chlo.atanh", "chlo.bessel_i1e", "chlo.broadcast_add",
+    "chlo.broadcast_and", "chlo.broadcast_atan2", "chlo.broadcast_compare",
+    "chlo.broadcast_complex", "chlo.broadcast_divide",
+    "chlo.broadcast_maximum", "chlo.broadcast_minimum",
+    "chlo.broadcast_multiply", "chlo.broadcast_next_after",
+    "chlo.broadcast_or", "chlo.broadcast_polygamma", "chlo.broadcast_power",
+    "chlo.broadcast_remainder", "chlo.broadcast_select",
+    "chlo.broadcast_shift_left", "chlo.broadcast_shift_right_arithmetic",
+    "chlo.broadcast_shift_right_logical", "chlo.broadcast_subtract",
+    "chlo.broadcast_xor", "chlo.broadcast_zeta", "chlo.conj",
+    "chlo.constant", "chlo.constant_like", "chlo.cosh", "chlo.digamma",
+    "chlo.erf", "chlo.erf_inv", "chlo.erfc", "chlo.is_inf",
+    "chlo.is_neg_inf", "chlo.is_pos_inf", "chlo.lgamma", "chlo.next_after",
+    "chlo.polygamma", "chlo.ragged_dot", "chlo.sinh", "chlo.square",
+    "chlo.tan", "chlo.top_k", "chlo.zeta"};
+
+const llvm::StringSet<> &opNameSet() {
+  static const llvm::StringSet<> names = [] {
+    llvm::StringSet<> set;
+    for (llvm::StringRef name : kOpNames)
+      set.insert(name);
+    return set;
+  }();
+  return names;
+}
+} // namespace
+
+llvm::StringRef shlo::shortName(Operation *op) {
   llvm::StringRef name = op->getName().getStringRef();
-  if (name.consume_front("stablehlo."))
-    return name;
-  if (name.consume_front("chlo."))
+  if (name.consume_front("stablehlo.") || name.consume_front("chlo."))
     return name;
   return {};
 }
 
-const llvm::StringSet<> &allowOps() {
-  static const llvm::StringSet<> ops = {"dot_general", "convolution"};
-  return ops;
+bool shlo::isStableHLO(Operation *op) {
+  llvm::StringRef dialect = op->getName().getDialectNamespace();
+  return dialect == kDialect || dialect == kChloDialect;
 }
 
-const llvm::StringSet<> &denyOps() {
-  static const llvm::StringSet<> ops = {
-      // Transcendentals whose error grows fast in low precision.
-      "exponential", "exponential_minus_one", "log", "log_plus_one", "power",
-      "rsqrt", "sqrt", "cbrt", "tan",
-      // CHLO functions that decompose into long polynomial chains.
-      "erf_inv", "lgamma", "digamma", "polygamma", "zeta", "igamma", "igammac",
-      "sinh", "cosh", "acos", "asin", "atan", "acosh", "asinh", "atanh",
-      "bessel_i1e",
-      // Normalisation statistics and linear algebra.
-      "batch_norm_training", "batch_norm_inference", "batch_norm_grad",
-      "cholesky", "triangular_solve"};
-  return ops;
+bool shlo::is(Operation *op, llvm::StringRef name) {
+  llvm::StringRef full = op->getName().getStringRef();
+  return full.consume_front("stablehlo.") && full == name;
 }
 
-const llvm::StringSet<> &inferOps() {
-  static const llvm::StringSet<> ops = {
-      "add",     "subtract", "multiply", "divide",  "remainder", "tanh",
-      "logistic", "sine",    "cosine",   "atan2",   "erf",       "erfc",
-      "next_after", "square", "cbrt_approx"};
-  return ops;
+bool shlo::isChlo(Operation *op, llvm::StringRef name) {
+  llvm::StringRef full = op->getName().getStringRef();
+  return full.consume_front("chlo.") && full == name;
 }
 
-const llvm::StringSet<> &clearOps() {
-  static const llvm::StringSet<> ops = {
-      "broadcast_in_dim", "broadcast", "reshape", "transpose", "slice",
-      "dynamic_slice", "dynamic_update_slice", "gather", "pad", "reverse",
-      "concatenate", "select", "compare", "iota", "constant", "abs", "negate",
-      "sign", "floor", "ceil", "round_nearest_even", "round_nearest_afz",
-      "is_finite", "maximum", "minimum", "clamp", "copy", "real_dynamic_slice",
-      "dynamic_broadcast_in_dim", "dynamic_reshape", "dynamic_pad",
-      "dynamic_gather", "dynamic_iota", "broadcast_select"};
-  return ops;
+std::string shlo::qualifiedOpName(llvm::StringRef name) {
+  name = name.trim();
+  if (name.contains('.'))
+    return name.str();
+  return (kDialect + "." + name).str();
 }
 
-/// The single op applied by a reduction body (`add` for a sum), if the body is
-/// one binary op on its two block arguments, or "return-update" for a scatter
-/// that overwrites.
-llvm::StringRef reductionBodyKind(Operation *op) {
+llvm::ArrayRef<llvm::StringRef> shlo::knownOpNames() {
+  static const llvm::SmallVector<llvm::StringRef> names(std::begin(kOpNames),
+                                                        std::end(kOpNames));
+  return names;
+}
+
+bool shlo::isKnownOpName(llvm::StringRef qualifiedName) {
+  return opNameSet().contains(qualifiedName);
+}
+
+llvm::SmallVector<llvm::StringRef> shlo::nearestOpNames(llvm::StringRef name,
+                                                        unsigned limit) {
+  std::string qualified = qualifiedOpName(name);
+  llvm::SmallVector<std::pair<unsigned, llvm::StringRef>> scored;
+  for (llvm::StringRef candidate : kOpNames)
+    scored.push_back({llvm::StringRef(qualified).edit_distance(candidate),
+                      candidate});
+  llvm::stable_sort(scored, [](const auto &a, const auto &b) {
+    return a.first < b.first;
+  });
+  llvm::SmallVector<llvm::StringRef> nearest;
+  for (auto [distance, candidate] : scored) {
+    if (nearest.size() == limit)
+      break;
+    nearest.push_back(candidate);
+  }
+  return nearest;
+}
+
+bool shlo::isControlFlow(Operation *op) {
+  return is(op, "while") || is(op, "if") || is(op, "case");
+}
+
+bool shlo::hasApplierRegions(Operation *op) {
+  return isStableHLO(op) && op->getNumRegions() > 0 && !isControlFlow(op);
+}
+
+//===----------------------------------------------------------------------===//
+// Attributes
+//===----------------------------------------------------------------------===//
+
+Attribute shlo::getAttr(Operation *op, llvm::StringRef name) {
+  if (auto props =
+          dyn_cast_or_null<DictionaryAttr>(op->getPropertiesAsAttribute()))
+    if (Attribute attr = props.get(name))
+      return attr;
+  return op->getDiscardableAttr(name);
+}
+
+llvm::StringRef shlo::customCallTarget(Operation *op) {
+  if (!isCustomCall(op))
+    return {};
+  auto target = dyn_cast_or_null<StringAttr>(getAttr(op, "call_target_name"));
+  return target ? target.getValue() : llvm::StringRef();
+}
+
+llvm::StringRef shlo::comparisonDirection(Operation *op) {
+  if (!is(op, "compare") && !isChlo(op, "broadcast_compare"))
+    return {};
+  // `#stablehlo<comparison_direction GT>`, opaque without the dialect.
+  auto attr =
+      dyn_cast_or_null<OpaqueAttr>(getAttr(op, "comparison_direction"));
+  if (!attr)
+    return {};
+  llvm::StringRef data = attr.getAttrData();
+  data.consume_front("comparison_direction");
+  return data.trim();
+}
+
+//===----------------------------------------------------------------------===//
+// Operand roles
+//===----------------------------------------------------------------------===//
+
+unsigned shlo::numReducedInputs(Operation *op) {
+  // reduce/reduce_window: N inputs then N init values; scatter: N inputs,
+  // the indices, then N updates.
+  if (is(op, "scatter"))
+    return (op->getNumOperands() - 1) / 2;
+  return op->getNumOperands() / 2;
+}
+
+llvm::StringRef shlo::reductionBodyKind(Operation *op) {
   if (op->getNumRegions() == 0 || op->getRegion(0).empty())
     return {};
   Block &body = op->getRegion(0).front();
@@ -92,103 +227,42 @@ llvm::StringRef reductionBodyKind(Operation *op) {
   return shortName(&combiner);
 }
 
-bool hasQuantizedOrOpaqueElements(Operation *op) {
-  auto isOdd = [](Type type) {
-    auto shaped = dyn_cast<ShapedType>(type);
-    Type element = shaped ? shaped.getElementType() : type;
-    return !isa<FloatType, IntegerType, IndexType, ComplexType>(element);
-  };
-  return llvm::any_of(op->getOperandTypes(), isOdd) ||
-         llvm::any_of(op->getResultTypes(), isOdd);
-}
-} // namespace
-
-std::string shlo::qualifiedOpName(llvm::StringRef name) {
-  name = name.trim();
-  if (name.contains('.'))
-    return name.str();
-  return (kStableHLO + "." + name).str();
-}
-
-bool shlo::isStableHLO(Operation *op) {
-  llvm::StringRef dialect = op->getName().getDialectNamespace();
-  return dialect == kStableHLO || dialect == kCHLO;
-}
-
-bool shlo::isConvert(Operation *op) {
-  return op->getName().getStringRef() == "stablehlo.convert";
-}
-bool shlo::isConstant(Operation *op) {
-  return op->getName().getStringRef() == "stablehlo.constant";
-}
-bool shlo::isDotGeneral(Operation *op) {
-  return op->getName().getStringRef() == "stablehlo.dot_general";
-}
-bool shlo::isConvolution(Operation *op) {
-  return op->getName().getStringRef() == "stablehlo.convolution";
-}
-bool shlo::isRegionReturn(Operation *op) {
-  return op->getName().getStringRef() == "stablehlo.return";
-}
-bool shlo::isControlFlow(Operation *op) {
-  return llvm::StringSwitch<bool>(op->getName().getStringRef())
-      .Cases({"stablehlo.while", "stablehlo.if", "stablehlo.case"}, true)
-      .Default(false);
-}
-
-bool shlo::hasApplierRegions(Operation *op) {
-  return isStableHLO(op) && op->getNumRegions() > 0 && !isControlFlow(op);
-}
-
-shlo::OpClass shlo::classify(Operation *op, std::string *reason) {
-  auto because = [&](OpClass cls, llvm::StringRef why) {
-    if (reason)
-      *reason = why.str();
-    return cls;
-  };
-  llvm::StringRef name = shortName(op);
-  if (name.empty())
-    return because(OpClass::Fixed, "not a StableHLO op");
-  if (hasQuantizedOrOpaqueElements(op))
-    return because(OpClass::Fixed, "quantized or opaque element types");
-  if (name == "convert")
-    return because(OpClass::Convert, "explicit convert");
-  if (allowOps().contains(name)) {
-    if (isDotGeneral(op) && hasDotAlgorithm(op))
-      return because(OpClass::Fixed, "dot algorithm given explicitly");
-    return because(OpClass::Allow, "matrix multiply");
+llvm::SmallVector<unsigned> shlo::sortKeyOperands(Operation *sort) {
+  llvm::SmallVector<unsigned> keys;
+  if (sort->getNumRegions() != 1 || sort->getRegion(0).empty())
+    return keys;
+  Block &comparator = sort->getRegion(0).front();
+  for (unsigned i = 0, e = sort->getNumOperands(); i < e; ++i) {
+    if (2 * i + 1 >= comparator.getNumArguments())
+      break;
+    if (!comparator.getArgument(2 * i).use_empty() ||
+        !comparator.getArgument(2 * i + 1).use_empty())
+      keys.push_back(i);
   }
-  if (denyOps().contains(name))
-    return because(OpClass::Deny, "numerically sensitive op");
-  if (inferOps().contains(name))
-    return because(OpClass::Infer, "elementwise arithmetic");
-  if (clearOps().contains(name))
-    return because(OpClass::Clear, "data movement");
-  if (name == "reduce" || name == "reduce_window" || name == "scatter") {
-    // Single-input reductions only: a variadic body (argmax) compares values
-    // against indices, and rounding could change which index wins.
-    unsigned singleInputOperands = name == "scatter" ? 3 : 2;
-    if (op->getNumOperands() != singleInputOperands)
-      return because(OpClass::Fixed, "variadic reduction");
-    llvm::StringRef body = reductionBodyKind(op);
-    if (body == "add" || body == "multiply")
-      return because(OpClass::Deny, body == "add" ? "sum reduction"
-                                                  : "product reduction");
-    if (body == "maximum" || body == "minimum" ||
-        (name == "scatter" && body == "return-update"))
-      return because(OpClass::Clear, "max/min/overwrite reduction");
-    return because(OpClass::Fixed, "reduction with a complex body");
-  }
-  return because(OpClass::Fixed, "op keeps its exact types");
+  return keys;
 }
 
-Attribute shlo::getAttr(Operation *op, llvm::StringRef name) {
-  if (auto props =
-          dyn_cast_or_null<DictionaryAttr>(op->getPropertiesAsAttribute()))
-    if (Attribute attr = props.get(name))
-      return attr;
-  return op->getDiscardableAttr(name);
+llvm::SmallVector<unsigned> shlo::indexOperands(Operation *op) {
+  llvm::SmallVector<unsigned> indices;
+  unsigned count = op->getNumOperands();
+  if (is(op, "gather") || is(op, "dynamic_gather") ||
+      is(op, "torch_index_select")) {
+    indices.push_back(1);
+  } else if (is(op, "scatter")) {
+    indices.push_back(numReducedInputs(op));
+  } else if (is(op, "dynamic_slice")) {
+    for (unsigned i = 1; i < count; ++i)
+      indices.push_back(i);
+  } else if (is(op, "dynamic_update_slice")) {
+    for (unsigned i = 2; i < count; ++i)
+      indices.push_back(i);
+  }
+  return indices;
 }
+
+//===----------------------------------------------------------------------===//
+// Types
+//===----------------------------------------------------------------------===//
 
 FloatType shlo::getFloatElementType(Type type) {
   if (auto shaped = dyn_cast<TensorType>(type))
@@ -205,102 +279,32 @@ Type shlo::withElementType(Type type, Type elementType) {
   return elementType;
 }
 
-namespace {
-/// Creates a StableHLO op in generic form, inherent attributes as properties
-/// (the way jaxlib prints them).
-Operation *createOp(OpBuilder &builder, Location loc, llvm::StringRef name,
-                    ValueRange operands, TypeRange results,
-                    llvm::ArrayRef<NamedAttribute> properties = {}) {
-  OperationState state(loc, name);
-  state.addOperands(operands);
-  state.addTypes(results);
-  if (!properties.empty())
-    state.propertiesAttr = builder.getDictionaryAttr(properties);
-  return builder.create(state);
-}
-
-/// Converts a dense float attribute, saturating values that would overflow.
-DenseElementsAttr convertElements(DenseElementsAttr attr, FloatType target,
-                                  bool *saturated) {
-  const llvm::fltSemantics &semantics = target.getFloatSemantics();
-  llvm::APFloat largest = llvm::APFloat::getLargest(semantics);
-  return attr.mapValues(target, [&](const llvm::APFloat &value) {
-    llvm::APFloat converted = value;
-    bool losesInfo = false;
-    converted.convert(semantics, llvm::APFloat::rmNearestTiesToEven,
-                      &losesInfo);
-    if (converted.isInfinity() && !value.isInfinity()) {
-      if (saturated)
-        *saturated = true;
-      converted = largest;
-      if (value.isNegative())
-        converted.changeSign();
-    }
-    return converted.bitcastToAPInt();
-  });
-}
-} // namespace
-
-Value shlo::buildConvert(OpBuilder &builder, Location loc, Value value,
-                         Type elementType) {
-  Type resultType = withElementType(value.getType(), elementType);
-  return createOp(builder, loc, "stablehlo.convert", value, resultType)
-      ->getResult(0);
-}
-
-Value shlo::buildReencodedConstant(OpBuilder &builder, Operation *constant,
-                                   Type elementType, bool *saturated) {
-  auto attr = dyn_cast_or_null<DenseElementsAttr>(getAttr(constant, "value"));
-  auto target = dyn_cast<FloatType>(elementType);
-  if (!attr || !target || !isa<FloatType>(attr.getElementType()))
-    return {};
-  DenseElementsAttr converted = convertElements(attr, target, saturated);
-  return createOp(builder, constant->getLoc(), "stablehlo.constant", {},
-                  withElementType(constant->getResult(0).getType(), target),
-                  {builder.getNamedAttr("value", converted)})
-      ->getResult(0);
-}
-
-bool shlo::reencodeConstantInPlace(Operation *constant, Type elementType,
-                                   bool *saturated) {
-  auto attr = dyn_cast_or_null<DenseElementsAttr>(getAttr(constant, "value"));
-  auto target = dyn_cast<FloatType>(elementType);
-  if (!attr || !target || !isa<FloatType>(attr.getElementType()))
-    return false;
-  DenseElementsAttr converted = convertElements(attr, target, saturated);
-  OpBuilder builder(constant->getContext());
-  if (failed(constant->setPropertiesFromAttribute(
-          builder.getDictionaryAttr({builder.getNamedAttr("value", converted)}),
-          /*emitError=*/nullptr)))
-    return false;
-  constant->getResult(0).setType(
-      withElementType(constant->getResult(0).getType(), target));
-  return true;
+std::optional<int64_t> shlo::numElements(Type type) {
+  auto ranked = dyn_cast<RankedTensorType>(type);
+  if (!ranked || !ranked.hasStaticShape())
+    return std::nullopt;
+  return ranked.getNumElements();
 }
 
 //===----------------------------------------------------------------------===//
-// dot_general
+// dot_general dimension numbers
 //===----------------------------------------------------------------------===//
 
 namespace {
 constexpr llvm::StringLiteral kDotDimensionNumbers = "dot_dimension_numbers";
+constexpr llvm::StringLiteral kLhsBatch = "lhs_batching_dimensions";
+constexpr llvm::StringLiteral kRhsBatch = "rhs_batching_dimensions";
+constexpr llvm::StringLiteral kLhsContracting = "lhs_contracting_dimensions";
+constexpr llvm::StringLiteral kRhsContracting = "rhs_contracting_dimensions";
 
-/// Parses `name = [1, 2]` lists out of the `#stablehlo.dot<...>` body.
-std::optional<llvm::SmallVector<int64_t>> parseDimList(llvm::StringRef body,
-                                                       llvm::StringRef key) {
+/// `[1, 2]` to {1, 2}.
+std::optional<llvm::SmallVector<int64_t>> parseDimList(llvm::StringRef text) {
+  text = text.trim();
+  if (!text.consume_front("[") || !text.consume_back("]"))
+    return std::nullopt;
   llvm::SmallVector<int64_t> dims;
-  size_t at = body.find(key);
-  if (at == llvm::StringRef::npos)
-    return dims; // absent lists are empty
-  llvm::StringRef rest = body.drop_front(at + key.size()).ltrim();
-  if (!rest.consume_front("="))
-    return std::nullopt;
-  rest = rest.ltrim();
-  if (!rest.consume_front("["))
-    return std::nullopt;
-  llvm::StringRef list = rest.take_until([](char c) { return c == ']'; });
   llvm::SmallVector<llvm::StringRef> items;
-  list.split(items, ',', -1, /*KeepEmpty=*/false);
+  text.split(items, ',', -1, /*KeepEmpty=*/false);
   for (llvm::StringRef item : items) {
     int64_t dim;
     if (item.trim().getAsInteger(10, dim))
@@ -318,29 +322,162 @@ std::string printDimList(llvm::StringRef key, llvm::ArrayRef<int64_t> dims) {
 }
 } // namespace
 
-std::optional<shlo::DotDimensions> shlo::getDotDimensions(Operation *dot) {
-  auto attr = dyn_cast_or_null<OpaqueAttr>(getAttr(dot, kDotDimensionNumbers));
-  if (!attr || attr.getDialectNamespace() != kStableHLO)
-    return std::nullopt;
-  llvm::StringRef body = attr.getAttrData();
-  if (!body.consume_front("dot<"))
+std::optional<shlo::DotDimensions>
+shlo::DotDimensions::parse(llvm::StringRef text) {
+  if (!text.consume_front("dot<") || !text.consume_back(">"))
     return std::nullopt;
   DotDimensions dims;
-  auto lhsBatch = parseDimList(body, "lhs_batching_dimensions");
-  auto rhsBatch = parseDimList(body, "rhs_batching_dimensions");
-  auto lhsContracting = parseDimList(body, "lhs_contracting_dimensions");
-  auto rhsContracting = parseDimList(body, "rhs_contracting_dimensions");
-  if (!lhsBatch || !rhsBatch || !lhsContracting || !rhsContracting)
-    return std::nullopt;
-  dims.lhsBatch = *lhsBatch;
-  dims.rhsBatch = *rhsBatch;
-  dims.lhsContracting = *lhsContracting;
-  dims.rhsContracting = *rhsContracting;
+  // `key = [..], key = [..]`: split at the commas outside brackets.
+  llvm::SmallVector<llvm::StringRef> entries;
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    char c = i < text.size() ? text[i] : ',';
+    depth += c == '[' ? 1 : c == ']' ? -1 : 0;
+    if (c == ',' && depth == 0) {
+      if (!text.slice(start, i).trim().empty())
+        entries.push_back(text.slice(start, i).trim());
+      start = i + 1;
+    }
+  }
+  for (llvm::StringRef entry : entries) {
+    auto [key, value] = entry.split('=');
+    std::optional<llvm::SmallVector<int64_t>> list = parseDimList(value);
+    llvm::SmallVector<int64_t> *slot =
+        llvm::StringSwitch<llvm::SmallVector<int64_t> *>(key.trim())
+            .Case(kLhsBatch, &dims.lhsBatch)
+            .Case(kRhsBatch, &dims.rhsBatch)
+            .Case(kLhsContracting, &dims.lhsContracting)
+            .Case(kRhsContracting, &dims.rhsContracting)
+            .Default(nullptr);
+    if (!slot || !list)
+      return std::nullopt;
+    *slot = *list;
+  }
   return dims;
+}
+
+std::string shlo::DotDimensions::print() const {
+  llvm::SmallVector<std::string> parts;
+  if (!lhsBatch.empty())
+    parts.push_back(printDimList(kLhsBatch, lhsBatch));
+  if (!rhsBatch.empty())
+    parts.push_back(printDimList(kRhsBatch, rhsBatch));
+  parts.push_back(printDimList(kLhsContracting, lhsContracting));
+  parts.push_back(printDimList(kRhsContracting, rhsContracting));
+  return "dot<" + llvm::join(parts, ", ") + ">";
+}
+
+std::optional<shlo::DotDimensions> shlo::getDotDimensions(Operation *dot) {
+  auto attr = dyn_cast_or_null<OpaqueAttr>(getAttr(dot, kDotDimensionNumbers));
+  if (!attr || attr.getDialectNamespace() != kDialect)
+    return std::nullopt;
+  return DotDimensions::parse(attr.getAttrData());
 }
 
 bool shlo::hasDotAlgorithm(Operation *dot) {
   return static_cast<bool>(getAttr(dot, "algorithm"));
+}
+
+//===----------------------------------------------------------------------===//
+// Builders
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// Creates a StableHLO op in generic form, inherent attributes as properties
+/// (the way jaxlib prints them).
+Operation *createOp(OpBuilder &builder, Location loc, llvm::StringRef name,
+                    ValueRange operands, TypeRange results,
+                    llvm::ArrayRef<NamedAttribute> properties = {}) {
+  OperationState state(loc, name);
+  state.addOperands(operands);
+  state.addTypes(results);
+  if (!properties.empty())
+    state.propertiesAttr = builder.getDictionaryAttr(properties);
+  return builder.create(state);
+}
+
+std::string opName(llvm::StringRef shortName) {
+  return (shlo::kDialect + "." + shortName).str();
+}
+
+Attribute opaque(MLIRContext *context, llvm::StringRef data) {
+  return OpaqueAttr::get(StringAttr::get(context, shlo::kDialect), data,
+                         NoneType::get(context));
+}
+
+/// Converts a dense float attribute, saturating values that would overflow.
+DenseElementsAttr convertElements(DenseElementsAttr attr, FloatType target,
+                                  bool *saturated) {
+  const llvm::fltSemantics &semantics = target.getFloatSemantics();
+  llvm::APFloat largest = llvm::APFloat::getLargest(semantics);
+  return attr.mapValues(target, [&](const llvm::APFloat &value) {
+    llvm::APFloat converted = value;
+    bool losesInfo = false;
+    converted.convert(semantics, llvm::APFloat::rmNearestTiesToEven,
+                      &losesInfo);
+    // Formats without infinities (f8e4m3fn) overflow to NaN.
+    bool overflowed = (converted.isInfinity() && !value.isInfinity()) ||
+                      (converted.isNaN() && !value.isNaN());
+    if (overflowed) {
+      if (saturated)
+        *saturated = true;
+      converted = largest;
+      if (value.isNegative())
+        converted.changeSign();
+    }
+    return converted.bitcastToAPInt();
+  });
+}
+
+DenseElementsAttr floatElements(Operation *constant, Type elementType) {
+  auto attr = dyn_cast_or_null<DenseElementsAttr>(shlo::getAttr(constant,
+                                                                "value"));
+  if (!attr || !isa<FloatType>(elementType) ||
+      !isa<FloatType>(attr.getElementType()))
+    return {};
+  return attr;
+}
+} // namespace
+
+Value shlo::buildConvert(OpBuilder &builder, Location loc, Value value,
+                         Type elementType) {
+  Type resultType = withElementType(value.getType(), elementType);
+  return createOp(builder, loc, opName("convert"), value, resultType)
+      ->getResult(0);
+}
+
+Value shlo::buildReencodedConstant(OpBuilder &builder, Operation *constant,
+                                   Type elementType, bool *saturated) {
+  DenseElementsAttr attr = floatElements(constant, elementType);
+  if (!attr)
+    return {};
+  auto target = cast<FloatType>(elementType);
+  DenseElementsAttr converted = convertElements(attr, target, saturated);
+  return createOp(builder, constant->getLoc(), opName("constant"), {},
+                  withElementType(constant->getResult(0).getType(), target),
+                  {builder.getNamedAttr("value", converted)})
+      ->getResult(0);
+}
+
+bool shlo::reencodeConstantInPlace(Operation *constant, Type elementType,
+                                   bool *saturated) {
+  DenseElementsAttr attr = floatElements(constant, elementType);
+  if (!attr)
+    return false;
+  bool saturatedHere = false;
+  DenseElementsAttr converted =
+      convertElements(attr, cast<FloatType>(elementType), &saturatedHere);
+  OpBuilder builder(constant->getContext());
+  if (failed(constant->setPropertiesFromAttribute(
+          builder.getDictionaryAttr({builder.getNamedAttr("value", converted)}),
+          /*emitError=*/nullptr)))
+    return false;
+  constant->getResult(0).setType(
+      withElementType(constant->getResult(0).getType(), elementType));
+  if (saturated && saturatedHere)
+    *saturated = true;
+  return true;
 }
 
 Value shlo::buildTranspose(OpBuilder &builder, Location loc, Value value,
@@ -349,7 +486,7 @@ Value shlo::buildTranspose(OpBuilder &builder, Location loc, Value value,
   llvm::SmallVector<int64_t> shape;
   for (int64_t dim : permutation)
     shape.push_back(type.getDimSize(dim));
-  return createOp(builder, loc, "stablehlo.transpose", value,
+  return createOp(builder, loc, opName("transpose"), value,
                   RankedTensorType::get(shape, type.getElementType()),
                   {builder.getNamedAttr(
                       "permutation", builder.getDenseI64ArrayAttr(permutation))})
@@ -359,29 +496,20 @@ Value shlo::buildTranspose(OpBuilder &builder, Location loc, Value value,
 Value shlo::buildReshape(OpBuilder &builder, Location loc, Value value,
                          llvm::ArrayRef<int64_t> shape) {
   auto type = cast<RankedTensorType>(value.getType());
-  return createOp(builder, loc, "stablehlo.reshape", value,
+  return createOp(builder, loc, opName("reshape"), value,
                   RankedTensorType::get(shape, type.getElementType()))
       ->getResult(0);
 }
 
 Operation *shlo::buildOptimizationBarrier(OpBuilder &builder, Location loc,
                                           ValueRange values) {
-  return createOp(builder, loc, "stablehlo.optimization_barrier", values,
+  return createOp(builder, loc, opName("optimization_barrier"), values,
                   values.getTypes());
 }
 
 Value shlo::buildDotGeneral(OpBuilder &builder, Operation *prototype, Value lhs,
                             Value rhs, const DotDimensions &dims,
                             Type resultType) {
-  std::string body = "dot<";
-  llvm::SmallVector<std::string> parts;
-  if (!dims.lhsBatch.empty())
-    parts.push_back(printDimList("lhs_batching_dimensions", dims.lhsBatch));
-  if (!dims.rhsBatch.empty())
-    parts.push_back(printDimList("rhs_batching_dimensions", dims.rhsBatch));
-  parts.push_back(printDimList("lhs_contracting_dimensions", dims.lhsContracting));
-  parts.push_back(printDimList("rhs_contracting_dimensions", dims.rhsContracting));
-  body += llvm::join(parts, ", ") + ">";
   MLIRContext *context = builder.getContext();
   llvm::SmallVector<NamedAttribute> properties;
   if (auto props =
@@ -389,31 +517,17 @@ Value shlo::buildDotGeneral(OpBuilder &builder, Operation *prototype, Value lhs,
     for (NamedAttribute attr : props)
       if (attr.getName() != kDotDimensionNumbers)
         properties.push_back(attr);
-  properties.push_back(builder.getNamedAttr(
-      kDotDimensionNumbers,
-      OpaqueAttr::get(StringAttr::get(context, kStableHLO), body,
-                      NoneType::get(context))));
-  Operation *dot = createOp(builder, prototype->getLoc(),
-                            "stablehlo.dot_general", {lhs, rhs}, resultType,
-                            properties);
+  properties.push_back(builder.getNamedAttr(kDotDimensionNumbers,
+                                            opaque(context, dims.print())));
+  Operation *dot = createOp(builder, prototype->getLoc(), opName("dot_general"),
+                            {lhs, rhs}, resultType, properties);
   dot->setDiscardableAttrs(prototype->getDiscardableAttrDictionary());
   return dot->getResult(0);
 }
 
-//===----------------------------------------------------------------------===//
-// Loss scaling
-//===----------------------------------------------------------------------===//
-
-bool shlo::isGradientsMarker(Operation *op) {
-  if (op->getName().getStringRef() != "stablehlo.custom_call")
-    return false;
-  auto target = dyn_cast_or_null<StringAttr>(getAttr(op, "call_target_name"));
-  return target && target.getValue() == kGradientsMarker;
-}
-
 Value shlo::buildElementwise(OpBuilder &builder, Location loc,
                              llvm::StringRef name, ValueRange operands) {
-  return createOp(builder, loc, ("stablehlo." + name).str(), operands,
+  return createOp(builder, loc, opName(name), operands,
                   operands.front().getType())
       ->getResult(0);
 }
@@ -426,7 +540,7 @@ Value shlo::buildScalar(OpBuilder &builder, Location loc, Type elementType,
     element = builder.getFloatAttr(floatType, value);
   else
     element = builder.getIntegerAttr(elementType, static_cast<int64_t>(value));
-  return createOp(builder, loc, "stablehlo.constant", {}, type,
+  return createOp(builder, loc, opName("constant"), {}, type,
                   {builder.getNamedAttr(
                       "value", DenseElementsAttr::get(type, element))})
       ->getResult(0);
@@ -434,46 +548,53 @@ Value shlo::buildScalar(OpBuilder &builder, Location loc, Type elementType,
 
 Value shlo::buildCompare(OpBuilder &builder, Location loc, Value lhs,
                          Value rhs, llvm::StringRef direction) {
-  MLIRContext *context = builder.getContext();
   Type predicate = withElementType(lhs.getType(), builder.getI1Type());
-  auto opaque = [&](llvm::StringRef data) {
-    return OpaqueAttr::get(StringAttr::get(context, kStableHLO), data,
-                           NoneType::get(context));
-  };
-  return createOp(
-             builder, loc, "stablehlo.compare", {lhs, rhs}, predicate,
-             {builder.getNamedAttr(
-                 "comparison_direction",
-                 opaque(("comparison_direction " + direction).str()))})
+  return createOp(builder, loc, opName("compare"), {lhs, rhs}, predicate,
+                  {builder.getNamedAttr(
+                      "comparison_direction",
+                      opaque(builder.getContext(),
+                             ("comparison_direction " + direction).str()))})
       ->getResult(0);
 }
 
 Value shlo::buildSelect(OpBuilder &builder, Location loc, Value predicate,
                         Value onTrue, Value onFalse) {
-  return createOp(builder, loc, "stablehlo.select",
+  return createOp(builder, loc, opName("select"),
                   {predicate, onTrue, onFalse}, onTrue.getType())
       ->getResult(0);
 }
 
+Value shlo::buildClamp(OpBuilder &builder, Location loc, Value min,
+                       Value value, Value max) {
+  return createOp(builder, loc, opName("clamp"), {min, value, max},
+                  value.getType())
+      ->getResult(0);
+}
+
 Value shlo::buildIsFinite(OpBuilder &builder, Location loc, Value value) {
-  return createOp(builder, loc, "stablehlo.is_finite", value,
+  return createOp(builder, loc, opName("is_finite"), value,
                   withElementType(value.getType(), builder.getI1Type()))
       ->getResult(0);
 }
 
-Value shlo::buildReduceAll(OpBuilder &builder, Location loc,
-                           Value predicate) {
-  auto type = cast<RankedTensorType>(predicate.getType());
+Operation *shlo::buildRegionReturn(OpBuilder &builder, Location loc,
+                                   ValueRange values) {
+  return createOp(builder, loc, opName("return"), values, {});
+}
+
+Value shlo::buildReduceAll(OpBuilder &builder, Location loc, Value value,
+                           llvm::StringRef combiner, double init) {
+  auto type = cast<RankedTensorType>(value.getType());
   if (type.getRank() == 0)
-    return predicate;
-  Type i1 = builder.getI1Type();
-  auto scalar = RankedTensorType::get({}, i1);
-  Value init = buildScalar(builder, loc, i1, 1.0);
+    return value;
+  Type element = type.getElementType();
+  auto scalar = RankedTensorType::get({}, element);
+  Value initValue = buildScalar(builder, loc, element, init);
   llvm::SmallVector<int64_t> dims;
   for (int64_t d = 0; d < type.getRank(); ++d)
     dims.push_back(d);
-  OperationState state(loc, "stablehlo.reduce");
-  state.addOperands({predicate, init});
+  OperationState state(loc, opName("reduce"));
+  state.addOperands({value, initValue});
   state.addTypes(scalar);
   state.propertiesAttr = builder.getDictionaryAttr(
       {builder.getNamedAttr("dimensions", builder.getDenseI64ArrayAttr(dims))});
@@ -484,9 +605,9 @@ Value shlo::buildReduceAll(OpBuilder &builder, Location loc,
   Operation *reduce = builder.create(state);
   OpBuilder::InsertionGuard guard(builder);
   builder.setInsertionPointToStart(block);
-  Value combined = buildElementwise(builder, loc, "and",
-                                    {block->getArgument(0), block->getArgument(1)});
-  createOp(builder, loc, "stablehlo.return", combined, {});
+  Value combined = buildElementwise(
+      builder, loc, combiner, {block->getArgument(0), block->getArgument(1)});
+  buildRegionReturn(builder, loc, combined);
   return reduce->getResult(0);
 }
 
@@ -495,7 +616,7 @@ Value shlo::buildBroadcastScalar(OpBuilder &builder, Location loc,
   if (type.getRank() == 0)
     return scalar;
   auto scalarType = cast<RankedTensorType>(scalar.getType());
-  return createOp(builder, loc, "stablehlo.broadcast_in_dim", scalar,
+  return createOp(builder, loc, opName("broadcast_in_dim"), scalar,
                   RankedTensorType::get(type.getShape(),
                                         scalarType.getElementType()),
                   {builder.getNamedAttr("broadcast_dimensions",

@@ -1,9 +1,11 @@
 //===- StableHLO.h - StableHLO ops as unregistered operations -------------===//
 //
 // No StableHLO C++ library is available to us, so the passes see StableHLO
-// ops as unregistered operations in generic form. Everything that knows an op
-// name, an attribute name, an operand role or how to build an op lives here,
-// so the passes read as they would against the real dialect.
+// ops as unregistered operations in generic form. Everything that knows a
+// StableHLO op name, an attribute name, an operand role or how to build an op
+// lives here, so the passes read as they would against the real dialect.
+// Knowledge that is amp's own (which ops are numerically sensitive, which
+// attributes amp sets) lives in OpClasses.h and Contract.h.
 //
 //===----------------------------------------------------------------------===//
 
@@ -17,52 +19,82 @@
 #include "llvm/ADT/StringRef.h"
 
 #include <optional>
+#include <string>
 
 namespace mlir::amp::shlo {
 
-/// The attribute the passes use to mark converts they inserted, and (with
-/// `annotate=true`) the precision decision taken for each op.
-inline constexpr llvm::StringLiteral kInsertedAttr = "amp.inserted";
-inline constexpr llvm::StringLiteral kPrecisionAttr = "amp.precision";
-/// An argument attribute: this argument of a public function keeps its dtype
-/// (it is not a parameter). Removed by amp-insert-converts.
-inline constexpr llvm::StringLiteral kKeepDtypeAttr = "amp.keep_dtype";
+//===----------------------------------------------------------------------===//
+// Names
+//===----------------------------------------------------------------------===//
 
-/// How an op takes part in mixed precision (see Passes.td).
-enum class OpClass {
-  Allow,   ///< dot_general, convolution: low-precision operands
-  Deny,    ///< numerically sensitive: stays f32
-  Infer,   ///< elementwise arithmetic: follows its inputs
-  Clear,   ///< data movement: never forces a convert
-  Convert, ///< an existing convert: any operand type, its result type is kept
-  Fixed,   ///< keeps its exact types (custom_call, unknown, control flow, ...)
-};
+inline constexpr llvm::StringLiteral kDialect = "stablehlo";
+inline constexpr llvm::StringLiteral kChloDialect = "chlo";
 
-/// The class of `op`. `reason` names why, for reports ("sum reduction").
-OpClass classify(Operation *op, std::string *reason = nullptr);
-
-/// True if `op` carries regions that are applied element-wise (reduce,
-/// reduce_window, scatter, sort, ... bodies): their block arguments and ops
-/// take the precision of the op, they are not painted on their own.
-bool hasApplierRegions(Operation *op);
+/// The op name without its dialect prefix ("add"), for StableHLO and CHLO
+/// ops; empty for any other op.
+llvm::StringRef shortName(Operation *op);
+/// True for ops of the StableHLO (or CHLO) dialects.
+bool isStableHLO(Operation *op);
+/// True if `op` is `stablehlo.<name>` (CHLO ops: `isChlo`).
+bool is(Operation *op, llvm::StringRef name);
+bool isChlo(Operation *op, llvm::StringRef name);
 
 /// The full name of an op named in an option: `tanh` is `stablehlo.tanh`.
 std::string qualifiedOpName(llvm::StringRef name);
+/// Every StableHLO and CHLO op name (qualified), from the specifications;
+/// the names options may mention.
+llvm::ArrayRef<llvm::StringRef> knownOpNames();
+bool isKnownOpName(llvm::StringRef qualifiedName);
+/// Up to `limit` known op names closest to `name` (by edit distance), for
+/// "did you mean" errors.
+llvm::SmallVector<llvm::StringRef> nearestOpNames(llvm::StringRef name,
+                                                  unsigned limit = 3);
 
-/// True for ops of the StableHLO (or CHLO) dialects.
-bool isStableHLO(Operation *op);
-bool isConvert(Operation *op);
-bool isConstant(Operation *op);
-bool isDotGeneral(Operation *op);
-bool isConvolution(Operation *op);
+inline bool isConvert(Operation *op) { return is(op, "convert"); }
+inline bool isConstant(Operation *op) { return is(op, "constant"); }
+inline bool isDotGeneral(Operation *op) { return is(op, "dot_general"); }
+inline bool isConvolution(Operation *op) { return is(op, "convolution"); }
+inline bool isCustomCall(Operation *op) { return is(op, "custom_call"); }
 /// The terminator of StableHLO regions (`stablehlo.return`).
-bool isRegionReturn(Operation *op);
+inline bool isRegionReturn(Operation *op) { return is(op, "return"); }
 /// Control flow whose regions are painted as part of the enclosing function.
 bool isControlFlow(Operation *op);
+/// Ops whose regions are applied element-wise (reduce, reduce_window,
+/// scatter, sort, select_and_scatter, map, all_reduce, ... bodies).
+bool hasApplierRegions(Operation *op);
+
+//===----------------------------------------------------------------------===//
+// Attributes
+//===----------------------------------------------------------------------===//
 
 /// An inherent attribute (stored as a property of an unregistered op) or a
 /// discardable one.
 Attribute getAttr(Operation *op, llvm::StringRef name);
+/// The target of a `stablehlo.custom_call`, or empty.
+llvm::StringRef customCallTarget(Operation *op);
+/// The comparison direction of a `stablehlo.compare` ("GT"), or empty.
+llvm::StringRef comparisonDirection(Operation *op);
+
+//===----------------------------------------------------------------------===//
+// Operand roles
+//===----------------------------------------------------------------------===//
+
+/// The number of reduced inputs of a reduce, reduce_window or scatter (a
+/// variadic reduction has more than one).
+unsigned numReducedInputs(Operation *op);
+/// The element-wise combiner of a reduction body that is one binary op on its
+/// two block arguments ("add" for a sum), "return-update" for a scatter that
+/// overwrites, or empty.
+llvm::StringRef reductionBodyKind(Operation *op);
+/// The operands of a `stablehlo.sort` that its comparator reads (its keys).
+llvm::SmallVector<unsigned> sortKeyOperands(Operation *sort);
+/// The index operands of gather/scatter/dynamic_slice/dynamic_update_slice:
+/// values that pick elements.
+llvm::SmallVector<unsigned> indexOperands(Operation *op);
+
+//===----------------------------------------------------------------------===//
+// Types
+//===----------------------------------------------------------------------===//
 
 /// The float element type of `type` if it is a ranked or unranked tensor of
 /// floats (or a float scalar), else null.
@@ -70,29 +102,44 @@ FloatType getFloatElementType(Type type);
 /// `type` with its element type replaced by `elementType`; shape and encoding
 /// are kept.
 Type withElementType(Type type, Type elementType);
+/// Static element count of a ranked tensor, or nullopt.
+std::optional<int64_t> numElements(Type type);
 
-/// Builds `stablehlo.convert` of `value` to `elementType`.
-Value buildConvert(OpBuilder &builder, Location loc, Value value,
-                   Type elementType);
-/// Re-encodes a float `stablehlo.constant` as `elementType`. Values that
-/// overflow the new type saturate to its largest finite value; `saturated`
-/// reports whether that happened. Returns null if `constant` holds no dense
-/// float elements.
-Value buildReencodedConstant(OpBuilder &builder, Operation *constant,
-                             Type elementType, bool *saturated);
-/// Re-encodes a float `stablehlo.constant` in place.
-bool reencodeConstantInPlace(Operation *constant, Type elementType,
-                             bool *saturated);
+//===----------------------------------------------------------------------===//
+// dot_general dimension numbers
+//===----------------------------------------------------------------------===//
 
-/// dot_general dimension numbers (`#stablehlo.dot<...>`).
+/// `#stablehlo.dot<...>`. Without the dialect it is an opaque attribute, so it
+/// is read and written as the text the StableHLO printer uses; any key we do
+/// not know makes the dot unreadable (and it is left alone).
 struct DotDimensions {
   llvm::SmallVector<int64_t> lhsBatch, rhsBatch, lhsContracting,
       rhsContracting;
+  static std::optional<DotDimensions> parse(llvm::StringRef text);
+  std::string print() const;
 };
 std::optional<DotDimensions> getDotDimensions(Operation *dot);
 /// True if the dot carries an explicit `algorithm` (its precision is the
 /// user's choice).
 bool hasDotAlgorithm(Operation *dot);
+
+//===----------------------------------------------------------------------===//
+// Builders (generic form, inherent attributes as properties)
+//===----------------------------------------------------------------------===//
+
+/// `stablehlo.convert` of `value` to `elementType`.
+Value buildConvert(OpBuilder &builder, Location loc, Value value,
+                   Type elementType);
+/// A float `stablehlo.constant` re-encoded as `elementType`. Values that
+/// overflow the new type saturate to its largest finite value; `saturated`
+/// reports whether that happened. Null if `constant` holds no dense float
+/// elements.
+Value buildReencodedConstant(OpBuilder &builder, Operation *constant,
+                             Type elementType, bool *saturated);
+/// Re-encodes a float `stablehlo.constant` in place; false (and `constant`
+/// untouched) if it holds no dense float elements.
+[[nodiscard]] bool reencodeConstantInPlace(Operation *constant,
+                                           Type elementType, bool *saturated);
 Value buildTranspose(OpBuilder &builder, Location loc, Value value,
                      llvm::ArrayRef<int64_t> permutation);
 Value buildReshape(OpBuilder &builder, Location loc, Value value,
@@ -101,22 +148,12 @@ Value buildReshape(OpBuilder &builder, Location loc, Value value,
 /// across it.
 Operation *buildOptimizationBarrier(OpBuilder &builder, Location loc,
                                     ValueRange values);
-/// Builds a dot_general like `prototype` (precision config kept) with new
-/// operands, dimensions and result type.
+/// A dot_general like `prototype` (precision config and discardable
+/// attributes kept) with new operands, dimensions and result type.
 Value buildDotGeneral(OpBuilder &builder, Operation *prototype, Value lhs,
                       Value rhs, const DotDimensions &dims, Type resultType);
-
-//===----------------------------------------------------------------------===//
-// Loss scaling
-//===----------------------------------------------------------------------===//
-
-/// The custom call the Python driver wraps gradients in so the loss-scale
-/// pass can find them anywhere in a training step; the pass removes it.
-inline constexpr llvm::StringLiteral kGradientsMarker = "stablehlo_amp.gradients";
-bool isGradientsMarker(Operation *op);
-
 /// Elementwise ops on same-typed operands (`add`, `multiply`, `maximum`,
-/// `and`, ...), by StableHLO short name.
+/// `and`, `abs`, ...), by StableHLO short name.
 Value buildElementwise(OpBuilder &builder, Location loc, llvm::StringRef name,
                        ValueRange operands);
 /// A scalar (rank-0) constant of `elementType`.
@@ -127,12 +164,20 @@ Value buildCompare(OpBuilder &builder, Location loc, Value lhs, Value rhs,
                    llvm::StringRef direction);
 Value buildSelect(OpBuilder &builder, Location loc, Value predicate,
                   Value onTrue, Value onFalse);
+/// `stablehlo.clamp(min, value, max)`.
+Value buildClamp(OpBuilder &builder, Location loc, Value min, Value value,
+                 Value max);
 Value buildIsFinite(OpBuilder &builder, Location loc, Value value);
-/// AND of every element of a boolean tensor, as a rank-0 tensor.
-Value buildReduceAll(OpBuilder &builder, Location loc, Value predicate);
+/// A full reduction of `value` to a rank-0 tensor with the binary combiner
+/// `combiner` ("and", "maximum", "add") and the initial value `init`.
+Value buildReduceAll(OpBuilder &builder, Location loc, Value value,
+                     llvm::StringRef combiner, double init);
 /// Broadcasts a rank-0 tensor to `type`'s shape.
 Value buildBroadcastScalar(OpBuilder &builder, Location loc, Value scalar,
                            RankedTensorType type);
+/// Builds a `stablehlo.return` (the terminator of StableHLO regions).
+Operation *buildRegionReturn(OpBuilder &builder, Location loc,
+                             ValueRange values);
 
 } // namespace mlir::amp::shlo
 

@@ -1,11 +1,15 @@
-//===- AmpExtension.cpp - The passes, in process, for Python --------------===//
+//===- AmpExtension.cpp - The passes and the contract, in process ---------===//
 //
 // Text in, text out: jaxlib prints the module in generic form, we parse it
 // with StableHLO ops unregistered, run a pipeline and print generic form back
-// for jaxlib to parse and verify. MLIR here is linked statically and hidden.
+// for jaxlib to parse and verify. The extension also exports the contract
+// (Contract.h) and the parsers and validators the Python side calls, so that
+// nothing the passes define is written twice. MLIR here is linked statically
+// and hidden.
 //
 //===----------------------------------------------------------------------===//
 
+#include "Contract.h"
 #include "Passes.h"
 #include "Policy.h"
 #include "Report.h"
@@ -17,9 +21,11 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -63,6 +69,11 @@ std::string diagnosticText(Diagnostic &diag) {
 
 /// Runs `pipeline` (an anchored `builtin.module(...)` string) on `text`.
 /// Returns (ok, output text, report JSON or "", diagnostics).
+///
+/// Neither the parser nor the pass manager verifies: with StableHLO
+/// unregistered, MLIR takes any one-region op for a possible symbol table and
+/// rejects a `func.call` inside a reduction body. jaxlib, which knows the
+/// dialect, verifies the input before and the output after.
 std::tuple<bool, std::string, std::string, std::vector<std::string>>
 runPipeline(const std::string &text, const std::string &pipeline,
             const std::string &sourceName, bool collectReport) {
@@ -83,7 +94,7 @@ runPipeline(const std::string &text, const std::string &pipeline,
     return success();
   });
 
-  ParserConfig config(&context);
+  ParserConfig config(&context, /*verifyAfterParse=*/false);
   OwningOpRef<ModuleOp> module =
       parseSourceString<ModuleOp>(text, config, sourceName);
   if (!module)
@@ -95,17 +106,21 @@ runPipeline(const std::string &text, const std::string &pipeline,
   FailureOr<OpPassManager> parsed = parsePassPipeline(pipeline, errorStream);
   if (failed(parsed)) {
     diagnostics.push_back("error: invalid pass pipeline '" + pipeline +
-                          "': " + pipelineErrors);
+                          "': " + llvm::StringRef(pipelineErrors).trim().str());
     return {false, "", "", diagnostics};
   }
   PassManager pm(&context, parsed->getOpAnchorName());
   static_cast<OpPassManager &>(pm) = std::move(*parsed);
+  pm.enableVerifier(false);
+  amp::StorageBytes before;
+  if (collectReport)
+    before = amp::storageBytes(*module);
   if (failed(pm.run(*module)) || failedAny)
     return {false, "", "", diagnostics};
 
   std::string report;
   if (collectReport)
-    report = amp::collectPrecisionReport(*module);
+    report = amp::collectPrecisionReport(*module, before);
   std::string output;
   llvm::raw_string_ostream os(output);
   module->print(os,
@@ -114,19 +129,99 @@ runPipeline(const std::string &text, const std::string &pipeline,
   return {true, output, report, diagnostics};
 }
 
-/// Canonical text of a policy, or ValueError naming what is wrong.
-std::string canonicalPolicy(const std::string &text) {
-  llvm::Expected<amp::Policy> policy = amp::parsePolicy(text);
-  if (!policy)
-    throw nb::value_error(llvm::toString(policy.takeError()).c_str());
-  return policy->str();
+[[noreturn]] void raiseValueError(llvm::Error error) {
+  throw nb::value_error(llvm::toString(std::move(error)).c_str());
 }
 
-std::string canonicalLevel(const std::string &text) {
-  llvm::Expected<amp::Level> level = amp::parseLevel(text);
-  if (!level)
-    throw nb::value_error(llvm::toString(level.takeError()).c_str());
-  return amp::levelName(*level).str();
+template <typename T>
+T valueOrRaise(llvm::Expected<T> value) {
+  if (!value)
+    raiseValueError(value.takeError());
+  return std::move(*value);
+}
+
+/// A policy's four fields by role, canonical names.
+std::map<std::string, std::string> parsePolicy(const std::string &text) {
+  amp::Policy policy = valueOrRaise(amp::parsePolicy(text));
+  return {{"param", amp::dtypeName(policy.param).str()},
+          {"compute", amp::dtypeName(policy.compute).str()},
+          {"output", amp::dtypeName(policy.output).str()},
+          {"gemm", amp::gemmDtypeName(policy.gemm).str()},
+          {"text", policy.str()}};
+}
+
+/// The canonical spelling of a closed-choice option, or ValueError naming
+/// the accepted ones: level, target, dot-result, storage (empty: the
+/// target's default), mode.
+std::string canonicalChoice(const std::string &option, const std::string &value,
+                            const std::string &target) {
+  if (option == "level")
+    return amp::levelName(valueOrRaise(amp::parseLevel(value))).str();
+  if (option == "target")
+    return amp::targetName(valueOrRaise(amp::parseTarget(value))).str();
+  if (option == "dot-result")
+    return amp::dotResultName(valueOrRaise(amp::parseDotResult(value))).str();
+  if (option == "storage")
+    return amp::storageName(
+               valueOrRaise(amp::parseStorage(
+                   value, valueOrRaise(amp::parseTarget(target)))))
+        .str();
+  if (option == "mode") {
+    llvm::Expected<amp::LossScaleMode> mode = amp::parseLossScaleMode(value);
+    if (!mode)
+      raiseValueError(llvm::createStringError(
+          "unknown loss-scale mode: " + llvm::toString(mode.takeError())));
+    return amp::lossScaleModeName(*mode).str();
+  }
+  throw nb::value_error(("no closed-choice option '" + option + "'").c_str());
+}
+
+/// Qualified op names, or ValueError naming the unknown one and the nearest
+/// known ones.
+std::vector<std::string> checkOpNames(const std::string &option,
+                                      const std::vector<std::string> &names) {
+  std::vector<std::string> qualified;
+  for (const std::string &name : names) {
+    std::string full = amp::shlo::qualifiedOpName(name);
+    if (!amp::shlo::isKnownOpName(full))
+      throw nb::value_error(
+          ("unknown op '" + name + "' in " + option + " (nearest: " +
+           llvm::join(amp::shlo::nearestOpNames(name), ", ") + ")")
+              .c_str());
+    qualified.push_back(full);
+  }
+  return qualified;
+}
+
+void validateLossScale(const std::string &mode, int64_t growthInterval,
+                       double growthFactor, double backoffFactor,
+                       double minScale, double maxScale) {
+  amp::LossScaleConfig config;
+  config.mode = valueOrRaise(amp::parseLossScaleMode(mode));
+  config.growthInterval = growthInterval;
+  config.growthFactor = growthFactor;
+  config.backoffFactor = backoffFactor;
+  config.minScale = minScale;
+  config.maxScale = maxScale;
+  if (llvm::Error error = amp::validateLossScale(config, /*pythonNames=*/true))
+    raiseValueError(std::move(error));
+}
+
+/// The canonical text of a pass pipeline, or ValueError with the parser's
+/// message (unknown pass, bad option).
+std::string checkPipeline(const std::string &pipeline) {
+  registerOnce();
+  std::string errors;
+  llvm::raw_string_ostream errorStream(errors);
+  FailureOr<OpPassManager> parsed = parsePassPipeline(pipeline, errorStream);
+  if (failed(parsed))
+    throw nb::value_error(("invalid pass pipeline '" + pipeline + "': " +
+                           llvm::StringRef(errors).trim().str())
+                              .c_str());
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  parsed->printAsTextualPipeline(os);
+  return text;
 }
 
 } // namespace
@@ -137,11 +232,16 @@ NB_MODULE(_amp, m) {
   m.def("run_pipeline", &runPipeline, nb::arg("text"), nb::arg("pipeline"),
         nb::arg("source_name") = "<module>", nb::arg("report") = false,
         nb::call_guard<nb::gil_scoped_release>());
-  m.def("canonical_policy", &canonicalPolicy, nb::arg("text"));
-  m.def("canonical_level", &canonicalLevel, nb::arg("text"));
-  m.def("qualified_op_name",
-        [](const std::string &name) { return amp::shlo::qualifiedOpName(name); },
-        nb::arg("name"));
-  m.def("policy_grammar", [] { return amp::policyGrammarHelp().str(); });
+  m.def("contract", &amp::contractJson,
+        "The contract between the passes and their front ends, as JSON.");
+  m.def("parse_policy", &parsePolicy, nb::arg("text"));
+  m.def("canonical_choice", &canonicalChoice, nb::arg("option"),
+        nb::arg("value"), nb::arg("target") = "gpu");
+  m.def("check_op_names", &checkOpNames, nb::arg("option"), nb::arg("names"));
+  m.def("check_pipeline", &checkPipeline, nb::arg("pipeline"));
+  m.def("validate_loss_scale", &validateLossScale, nb::arg("mode"),
+        nb::arg("growth_interval"), nb::arg("growth_factor"),
+        nb::arg("backoff_factor"), nb::arg("min_scale"),
+        nb::arg("max_scale"));
   m.attr("mlir_version") = LLVM_VERSION_STRING;
 }

@@ -9,9 +9,9 @@ from stablehlo_amp._src.loss_scale import (DynamicLossScale, NoOpLossScale,
                                            StaticLossScale, all_finite,
                                            select_tree)
 from stablehlo_amp._src.pipeline import (AmpError, InvalidIRError,
-                                         RewriteError, RewriteResult,
-                                         VerificationError, rewrite,
-                                         rewrite_module)
+                                         RewriteError, RewriteOptions,
+                                         RewriteResult, VerificationError,
+                                         rewrite, rewrite_module)
 from stablehlo_amp._src.policy import Policy
 from stablehlo_amp._src.report import OpDecision, Report
 from stablehlo_amp._src.program import Timings
@@ -39,6 +39,7 @@ __all__ = [
     "Policy",
     "Report",
     "RewriteError",
+    "RewriteOptions",
     "RewriteResult",
     "Timings",
     "Transformed",
@@ -52,5 +53,5 @@ __all__ = [
 
 def plugin_path() -> str:
   """Path of the pass plugin for `mlir-opt --load-pass-plugin=...`."""
-  import importlib.resources
-  return str(importlib.resources.files(__name__) / "AmpPassPlugin.so")
+  from stablehlo_amp._src.plugin import plugin_path as _plugin_path
+  return _plugin_path()

@@ -7,9 +7,10 @@
 // HELP: --policy POLICY
 // HELP: --level LEVEL
 // HELP: --target {cpu,gpu,tpu}
-// HELP: --emit {pretty,generic,bytecode}
+// HELP: --storage {f32,compute}
+// HELP: --emit {pretty,generic,bytecode,portable}
 // HELP: policy grammar:
-// HELP-NEXT: p=DTYPE,c=DTYPE,o=DTYPE: keys p|params (parameters), c|compute, o|output; missing keys cascade {{.*}}; dtypes f32|float32|full, bf16|bfloat16, f16|float16|half, f64|float64
+// HELP-NEXT: p=DTYPE,c=DTYPE,o=DTYPE[,gemm=GEMM]: keys p|param|params (parameters), c|compute, o|output, gemm (matrix-multiply operands); missing keys cascade {{.*}}; dtypes f32|float32|full, bf16|bfloat16, f16|float16|half, f64|float64; GEMM dtypes compute, f8|fp8, f8e4m3fn|float8_e4m3fn, f8e5m2|float8_e5m2 {{.*}}
 // HELP: amp-insert-converts
 // HELP: -policy
 // HELP: -keep-f32

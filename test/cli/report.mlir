@@ -26,8 +26,8 @@ func.func public @mlp(%arg0: tensor<8x16xf32>, %arg1: tensor<16xf32>, %arg2: ten
 // CHECK: amp-insert-converts: policy p=f32,c=bf16,o=f32, level O2, target gpu
 // CHECK-NEXT: lowered to bf16: 1 op (dot_general 1)
 // CHECK-NEXT: kept f32: {{[0-9]+}} ops
-// CHECK-DAG: numerically sensitive op: 1 (exponential 1)
-// CHECK-DAG: sum reduction: 1 (reduce 1)
+// CHECK-DAG: numerically sensitive op (transcendental or statistic): 1 (exponential 1)
+// CHECK-DAG: numerically sensitive op (sum reduction): 1 (reduce 1)
 // CHECK: converts inserted: 2 (module has 2)
 // CHECK-NOT: module
 func.func public @softmax(%arg0: tensor<4x8xf32>, %arg1: tensor<8x8xf32>) -> tensor<4x8xf32> {

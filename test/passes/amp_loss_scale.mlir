@@ -219,6 +219,34 @@ module @state_select {
 
 // -----
 
+// Ops that compute only state results read the selected new values, not the
+// unselected ones: the parameter update reads the new moment through its
+// select, so the new moment has one reader and XLA can update a donated
+// moment buffer in place instead of copying the old one for a second reader.
+
+// CHECK-LABEL: module @state_readers
+// CHECK: func.func public @main(%[[W:[^:]*]]: tensor<8xf32>, %[[M:[^:]*]]: tensor<8xf32>,
+// CHECK: %[[G:.*]] = stablehlo.multiply %[[W]], %{{.*}} : tensor<8xf32>
+// CHECK: %[[NM:.*]] = stablehlo.add %[[M]], %[[G]] : tensor<8xf32>
+// CHECK: %[[SM:.*]] = stablehlo.select %[[FINITE:[^,]*]], %[[NM]], %[[M]] : tensor<i1>, tensor<8xf32>
+// CHECK: %[[UPD:.*]] = stablehlo.multiply %[[SM]], %{{.*}} : tensor<8xf32>
+// CHECK: %[[NW:.*]] = stablehlo.subtract %[[W]], %[[UPD]] : tensor<8xf32>
+// CHECK: %[[SW:.*]] = stablehlo.select %[[FINITE]], %[[NW]], %[[W]] : tensor<i1>, tensor<8xf32>
+// CHECK: return %{{[^,]*}}, %[[SW]], %[[SM]], %[[FINITE]],
+module @state_readers {
+  func.func public @main(%w: tensor<8xf32>, %m: tensor<8xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<8xf32> {amp.gradient}, tensor<8xf32> {amp.state_of = 0 : i64}, tensor<8xf32> {amp.state_of = 1 : i64}) {
+    %b = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<8xf32>
+    %g = stablehlo.multiply %w, %b : tensor<8xf32>
+    %nm = stablehlo.add %m, %g : tensor<8xf32>
+    %lr = stablehlo.constant dense<1.000000e-01> : tensor<8xf32>
+    %upd = stablehlo.multiply %nm, %lr : tensor<8xf32>
+    %nw = stablehlo.subtract %w, %upd : tensor<8xf32>
+    return %g, %nw, %nm : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>
+  }
+}
+
+// -----
+
 // The dynamic update, in the graph: counter + 1 reaching growth-interval
 // grows the scale by growth-factor if the grown scale is finite and at most
 // max-scale (the counter resets either way); on overflow the scale is
@@ -347,7 +375,7 @@ module @state_mismatch {
 // ERR-BACKOFF-NOT: func.func
 // ERR-INTERVAL: error: invalid option 'growth-interval': must be at least 1
 // ERR-INTERVAL-NOT: func.func
-// ERR-MIN: error: invalid options 'min-scale'/'max-scale': need 0 < min-scale <= max-scale
+// ERR-MIN: error: invalid option 'min-scale': must be finite and positive, got 0.0
 // ERR-MIN-NOT: func.func
 module @valid {
   func.func public @main(%w: tensor<8xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<8xf32> {amp.gradient}) {

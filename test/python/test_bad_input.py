@@ -105,7 +105,7 @@ def test_mlir_that_is_not_stablehlo_passes_through(capsys, out):
   text, err = rewritten(capsys, out, "not_stablehlo.mlir", "--target", "gpu")
   assert "arith.addf %arg0, %arg0 : f32" in text
   assert "stablehlo.convert" not in text
-  assert "not a StableHLO op: 1 (addf 1)" in err
+  assert "keeps its exact types (not a StableHLO op): 1 (addf 1)" in err
 
 
 def test_dynamic_shapes_lowered_on_gpu_kept_on_cpu(capsys, out):

@@ -22,9 +22,13 @@ DTYPE_SPELLINGS = [
     ("bf16", BF16), ("bfloat16", BF16),
     ("f16", F16), ("float16", F16), ("half", F16),
     ("f64", F64), ("float64", F64),
-    ("f8e4m3fn", F8E4M3FN), ("float8_e4m3fn", F8E4M3FN),
-    ("f8e5m2", F8E5M2), ("float8_e5m2", F8E5M2),
 ]
+# FP8 names a GEMM operand format (`gemm=`), never a param/compute/output
+# dtype.
+FP8_SPELLINGS = ["f8e4m3fn", "float8_e4m3fn", "f8e5m2", "float8_e5m2"]
+GEMM_SPELLINGS = [("compute", "compute"), ("f8", "f8"), ("fp8", "f8"),
+                  ("f8e4m3fn", "f8e4m3fn"), ("float8_e4m3fn", "f8e4m3fn"),
+                  ("f8e5m2", "f8e5m2"), ("float8_e5m2", "f8e5m2")]
 CANONICAL = {F32: "f32", BF16: "bf16", F16: "f16", F64: "f64",
              F8E4M3FN: "f8e4m3fn", F8E5M2: "f8e5m2"}
 PARAM_KEYS = ("p", "params", "param")
@@ -102,14 +106,41 @@ def test_str_prints_canonical_names(spelling, dtype):
 @pytest.mark.parametrize("text", [
     "p=f32,c=bf16,o=f32", "p=bf16", "c=bf16", "o=f16", "p=f32,c=f16",
     "params=float32,compute=bfloat16,output=half", "param=full",
-    "p=f64,c=f32,o=f64", "p=f32,c=f8e4m3fn,o=f32", "p=f32,c=float8_e5m2",
+    "p=f64,c=f32,o=f64", "p=f32,c=bf16,o=f32,gemm=f8",
+    "p=f32,c=bf16,gemm=float8_e5m2", "gemm=f8e4m3fn,c=f16",
 ])
 def test_str_round_trips(text):
   policy = amp.Policy.parse(text)
   again = amp.Policy.parse(str(policy))
   assert again == policy
   assert str(again) == str(policy)
-  assert re.fullmatch(r"p=\w+,c=\w+,o=\w+", str(policy))
+  assert re.fullmatch(r"p=\w+,c=\w+,o=\w+(,gemm=\w+)?", str(policy))
+
+
+@pytest.mark.parametrize("spelling, canonical", GEMM_SPELLINGS)
+def test_gemm_key_takes_every_gemm_spelling(spelling, canonical):
+  policy = amp.Policy.parse(f"p=f32,c=bf16,o=f32,gemm={spelling}")
+  assert policy.gemm == canonical
+  expected = "p=f32,c=bf16,o=f32" + (
+      "" if canonical == "compute" else f",gemm={canonical}")
+  assert str(policy) == expected
+
+
+@pytest.mark.parametrize("spelling", FP8_SPELLINGS)
+@pytest.mark.parametrize("key", ["p", "c", "o"])
+def test_fp8_as_a_param_compute_or_output_dtype_points_to_the_gemm_key(
+    spelling, key):
+  with pytest.raises(ValueError) as info:
+    amp.Policy.parse(f"{key}={spelling}")
+  message = str(info.value)
+  assert f"FP8 dtype '{spelling}' cannot be the" in message
+  assert "gemm=f8" in message
+
+
+def test_gemm_key_rejects_a_dtype_that_is_not_a_gemm_format():
+  with pytest.raises(ValueError, match=r"unknown GEMM operand dtype 'bf16' "
+                     r"for key 'gemm' \(accepted: compute, f8, fp8, "):
+    amp.Policy.parse("c=bf16,gemm=bf16")
 
 
 def test_str_of_constructed_policy_round_trips():
@@ -231,7 +262,7 @@ def test_policy_is_a_frozen_dataclass():
   policy = amp.Policy.parse("p=f32,c=bf16,o=f32")
   assert dataclasses.is_dataclass(policy)
   assert [f.name for f in dataclasses.fields(policy)] == [
-      "param_dtype", "compute_dtype", "output_dtype"]
+      "param_dtype", "compute_dtype", "output_dtype", "gemm"]
   with pytest.raises(dataclasses.FrozenInstanceError):
     policy.compute_dtype = F16  # type: ignore[misc]
   with pytest.raises(dataclasses.FrozenInstanceError):

@@ -484,7 +484,8 @@ def test_train_state_fields():
   state = step.init(PARAMS)
   assert isinstance(state, amp.TrainState)
   assert state._fields == ("params", "opt_state", "loss_scale",
-                           "skipped_steps")
+                           "skipped_steps", "model_state")
+  assert state.model_state is None
   assert int(state.skipped_steps) == 0
   assert state.skipped_steps.dtype == jnp.int32
 

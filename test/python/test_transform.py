@@ -454,6 +454,23 @@ def test_params_resolve_names_and_numbers_like_jax_jit(params, call,
   assert inputs == expected
 
 
+@pytest.mark.parametrize("policy_text", ["p=f32,c=bf16,o=f32",
+                                         "p=bf16,c=bf16,o=f32",
+                                         "p=f16,c=f16,o=f32"])
+@pytest.mark.parametrize("arrive", [BF16, F16])
+def test_inputs_in_another_float_dtype_keep_it_by_default(policy_text, arrive):
+  """Only f32 values take the policy: bf16 or f16 inputs (not named in
+  params=) are computed as the function computes them, exactly."""
+  fast = amp.transform(tanh_dot, policy_text)
+  w, x = W.astype(arrive), X.astype(arrive)
+  name = {BF16: "bf16", F16: "f16"}[arrive]
+  assert _main_types(fast.lower(w, x).as_text())[0] == [name, name]
+  got = fast(w, x)
+  expected = jax.jit(tanh_dot)(w, x)
+  assert got.dtype == expected.dtype == arrive
+  np.testing.assert_array_equal(got, expected)
+
+
 @pytest.mark.parametrize("policy_text, arrive, module", [
     ("p=f32,c=bf16,o=f32", BF16, "f32"),
     ("p=f32,c=bf16,o=f32", F16, "f32"),
@@ -461,9 +478,9 @@ def test_params_resolve_names_and_numbers_like_jax_jit(params, call,
     ("p=bf16,c=bf16,o=f32", F16, "bf16"),
     ("p=f16,c=f16,o=f32", F32, "f16"),
 ])
-def test_inputs_in_another_float_dtype_are_cast_once_at_the_boundary(
+def test_inputs_named_in_params_are_cast_once_at_the_boundary(
     policy_text, arrive, module):
-  fast = amp.transform(tanh_dot, policy_text)
+  fast = amp.transform(tanh_dot, policy_text, params=("w", "x"))
   w, x = W.astype(arrive), X.astype(arrive)
   low = fast.lower(w, x)
   assert _main_types(low.as_text())[0] == [module, module]

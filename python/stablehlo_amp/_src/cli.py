@@ -13,14 +13,22 @@ EXIT_OK, EXIT_INVALID_IR, EXIT_USAGE = 0, 1, 2
 SPLIT_MARKER = "// -----"
 
 DESCRIPTION = """\
-Rewrite a StableHLO module (pretty or generic text, or MLIR bytecode: what
-jax.jit(f).lower(...).as_text() or jax.export give you) to a mixed-precision
-policy. Converts go only where precision changes; exp/log/sum reductions and
-norm statistics stay f32; dots take low-precision operands and accumulate in
-f32. The result is verified with jaxlib's StableHLO verifier.
+Rewrite a StableHLO module (pretty or generic text, MLIR bytecode, or a
+jax.export portable artifact: what jax.jit(f).lower(...).as_text() or
+jax.export give you) to a mixed-precision policy. Converts go only where
+precision changes; exp/log/sum reductions and norm statistics stay f32; what
+feeds discrete decisions (top_k, argmax, sort) and linear algebra stays f32;
+dots take low-precision operands and accumulate in f32. The result is
+verified with jaxlib's StableHLO verifier.
 
 exit status: 0 success, 1 invalid IR (or a failed rewrite), 2 bad usage or policy
 """
+
+# Flags that configure the default pipeline, with their defaults: with
+# --pass-pipeline they do not apply.
+_PIPELINE_FLAGS = {"policy": None, "level": None, "target": None,
+                   "dot_result": None, "storage": None, "keep_f32": [],
+                   "force_compute": [], "calibrate": None, "tolerance": None}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,39 +46,55 @@ class _Parser(argparse.ArgumentParser):
                          if not line.startswith("<!--"))
     except OSError:
       passes = ""
-    from stablehlo_amp._src.policy import policy_grammar
-    return (text + "\npolicy grammar:\n  " + policy_grammar() +
+    from stablehlo_amp._src import contract
+    return (text + "\npolicy grammar:\n  " + contract.policy_grammar() +
             "\n\npasses (for --pass-pipeline and mlir-opt with the plugin):\n"
             + passes)
 
 
 def _build_parser() -> argparse.ArgumentParser:
+  from stablehlo_amp._src import contract
+  insert = contract.INSERT_CONVERTS
   parser = _Parser(prog="amp-opt", description=DESCRIPTION,
                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("input", nargs="?", default="-",
                       help="input file, or - for standard input (default)")
   parser.add_argument("-o", "--output", default="-",
                       help="output file, or - for standard output (default)")
-  parser.add_argument("--policy", default="p=f32,c=bf16,o=f32",
-                      help="precision policy (default: %(default)s)")
-  parser.add_argument("--level", default="O2",
+  parser.add_argument("--policy",
+                      help="precision policy (default: "
+                      f"{contract.default(insert, 'policy')})")
+  parser.add_argument("--level",
                       help="O0 no change, O1 dots/convs only, O2 painting "
-                      "(default), O3 every float op")
-  parser.add_argument("--target", choices=("cpu", "gpu", "tpu"),
+                      f"(default: {contract.default(insert, 'level')}), O3 "
+                      "every float op")
+  parser.add_argument("--target", choices=contract.choices(insert, "target"),
                       help="backend the module will run on (default: the one "
                       "JAX reports here)")
-  parser.add_argument("--dot-result", choices=("f32", "compute"),
-                      default="f32",
+  parser.add_argument("--dot-result",
+                      choices=contract.choices(insert, "dot-result"),
                       help="result dtype of lowered dots/convolutions "
                       "(default: f32 accumulation)")
+  parser.add_argument("--storage", choices=contract.choices(insert, "storage"),
+                      help="store large f32 results that are read again "
+                      "later in the compute dtype (default: the target's)")
   parser.add_argument("--keep-f32", action="append", default=[],
                       metavar="OPS", help="comma-separated op names kept f32 "
                       "(e.g. tanh,stablehlo.logistic)")
   parser.add_argument("--force-compute", action="append", default=[],
                       metavar="OPS", help="comma-separated op names forced "
                       "into the compute dtype")
-  parser.add_argument("--emit", choices=("pretty", "generic", "bytecode"),
-                      default="pretty", help="output form (default: pretty)")
+  parser.add_argument("--calibrate", metavar="INPUTS.npz",
+                      help="keep in f32 the fewest op groups that bring every "
+                      "output within --tolerance of f32 on these inputs "
+                      "(arrays arg0, arg1, ... in argument order)")
+  parser.add_argument("--tolerance", type=float,
+                      help="with --calibrate: the largest error allowed, "
+                      "relative to each output's f32 norm (default: 1e-2)")
+  parser.add_argument("--emit",
+                      choices=("pretty", "generic", "bytecode", "portable"),
+                      help="output form (default: a portable artifact for a "
+                      "portable-artifact input, else pretty)")
   parser.add_argument("--debug-info", action="store_true",
                       help="print locations in the output")
   parser.add_argument("--report", action="store_true",
@@ -80,7 +104,7 @@ def _build_parser() -> argparse.ArgumentParser:
                       help=f"process chunks separated by '{SPLIT_MARKER}' "
                       "independently")
   parser.add_argument("--pass-pipeline", metavar="PIPELINE",
-                      help="run this pipeline instead, e.g. "
+                      help="run exactly this pipeline instead, e.g. "
                       "'builtin.module(amp-simplify-converts)'")
   parser.add_argument("--version", action="store_true",
                       help="print the version and exit")
@@ -147,6 +171,28 @@ def _chunks(text: str) -> list[str]:
   return chunks
 
 
+def _usage(message: str) -> int:
+  print(f"amp-opt: error: {message}", file=sys.stderr)
+  return EXIT_USAGE
+
+
+def _check_usage(args) -> str | None:
+  """A usage error, or None."""
+  if args.emit == "bytecode" and args.split_input_file:
+    return "--emit=bytecode cannot be combined with --split-input-file"
+  if args.pass_pipeline is not None:
+    given = [f"--{name.replace('_', '-')}" for name, unset in
+             _PIPELINE_FLAGS.items() if getattr(args, name) != unset]
+    if given:
+      return (f"{', '.join(given)} do{'es' if len(given) == 1 else ''} not "
+              "apply with --pass-pipeline: give pass options inside the "
+              "pipeline, e.g. 'builtin.module(amp-insert-converts"
+              "{policy=p=f32,c=bf16,o=f32 target=gpu})'")
+  if args.tolerance is not None and args.calibrate is None:
+    return "--tolerance needs --calibrate"
+  return None
+
+
 def main(argv: list[str] | None = None) -> int:
   args = _build_parser().parse_args(argv)
   if args.version:
@@ -157,33 +203,44 @@ def main(argv: list[str] | None = None) -> int:
       version = "unknown"
     print(f"amp-opt (stablehlo-amp) {version}, MLIR {_amp.mlir_version}")
     return EXIT_OK
+  problem = _check_usage(args)
+  if problem:
+    return _usage(problem)
 
   # Imported late: --help and usage errors should not wait for JAX.
+  from stablehlo_amp import _amp
   from stablehlo_amp._src import pipeline as pl
   from stablehlo_amp._src.policy import Policy
-  from stablehlo_amp._src.transform import check_options
 
   try:
-    policy = Policy.parse(args.policy)
-    options = check_options(args.level, args.target, args.dot_result,
-                            _split_ops(args.keep_f32),
-                            _split_ops(args.force_compute))
-  except ValueError as error:
-    print(f"amp-opt: error: {error}", file=sys.stderr)
-    return EXIT_USAGE
-  if args.emit == "bytecode" and args.split_input_file:
-    print("amp-opt: error: --emit=bytecode cannot be combined with "
-          "--split-input-file", file=sys.stderr)
-    return EXIT_USAGE
+    if args.pass_pipeline is not None:
+      _amp.check_pipeline(args.pass_pipeline)
+      policy = options = None
+    else:
+      from stablehlo_amp._src import contract
+      policy = Policy.parse(
+          args.policy if args.policy is not None else
+          contract.default(contract.INSERT_CONVERTS, "policy"))
+      options = pl.RewriteOptions.make(
+          level=args.level, target=args.target, dot_result=args.dot_result,
+          storage=args.storage, keep_f32=_split_ops(args.keep_f32),
+          force_compute=_split_ops(args.force_compute))
+  except (ValueError, TypeError) as error:
+    return _usage(str(error))
 
   try:
     source, name = _read_input(args.input)
   except OSError as error:
-    print(f"amp-opt: error: cannot read {args.input}: {error.strerror}",
-          file=sys.stderr)
-    return EXIT_USAGE
+    return _usage(f"cannot read {args.input}: {error.strerror}")
+  calibration = None
+  if args.calibrate:
+    from stablehlo_amp._src import calibration as cal
+    try:
+      calibration = cal.load_inputs(args.calibrate)
+    except (OSError, ValueError) as error:
+      return _usage(f"cannot read calibration inputs {args.calibrate}: "
+                    f"{error}")
 
-  target = args.target or pl.default_target()
   chunks = (_chunks(source) if args.split_input_file and
             isinstance(source, str) else [source])
   outputs, status = [], EXIT_OK
@@ -191,16 +248,25 @@ def main(argv: list[str] | None = None) -> int:
     context = pl.ir_context()
     try:
       with context:
-        if args.pass_pipeline:
-          module = pl.parse_module(chunk, context, name)
+        if args.pass_pipeline is not None:
+          form = pl.SourceForm()
+          module = pl.parse_module(chunk, context, name, form)
           result = pl.run_pipeline(module, args.pass_pipeline,
                                    context=context, source_name=name,
-                                   report_info=None)
+                                   form=form)
+        elif calibration is not None:
+          from stablehlo_amp._src import calibration as cal
+          result = cal.calibrate_module(
+              chunk, policy, options, calibration,
+              tolerance=args.tolerance or 1e-2, source_name=name,
+              context=context)
         else:
-          result = pl.rewrite_module(
-              chunk, policy, **dict(options, target=target),
-              report=args.report, source_name=name, context=context)
-        outputs.append(result.text(args.emit, args.debug_info))
+          result = pl.rewrite_module(chunk, policy, options,
+                                     report=args.report, source_name=name,
+                                     context=context)
+        emit = args.emit or ("portable" if result.form.kind == "portable"
+                             else "pretty")
+        outputs.append(result.text(emit, args.debug_info))
       for diagnostic in result.diagnostics:
         print(diagnostic, file=sys.stderr)
       if args.report and result.report is not None:
@@ -217,9 +283,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     _write_output(args.output, data)
   except OSError as error:
-    print(f"amp-opt: error: cannot write {args.output}: {error.strerror}",
-          file=sys.stderr)
-    return EXIT_USAGE
+    return _usage(f"cannot write {args.output}: {error.strerror}")
   return status
 
 

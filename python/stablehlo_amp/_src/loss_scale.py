@@ -4,17 +4,22 @@ The update rule is the one `amp-loss-scale` builds into the module (PyTorch
 GradScaler's, with jmp's floor and a ceiling): on overflow
 ``scale = max(min_scale, scale * backoff_factor)`` and the counter resets;
 after `growth_interval` finite steps ``scale * growth_factor`` unless that
-overflows f32 or passes `max_scale`. The scale is always f32.
+overflows f32 or passes `max_scale`. The scale is always f32. The defaults,
+the validation and the order of the state the pass appends come from the
+pass's contract.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from stablehlo_amp._src.program import LossScaleOptions
+from stablehlo_amp import _amp
+from stablehlo_amp._src import contract
+
+_DEFAULTS = contract.loss_scale_defaults()
 
 
 def all_finite(tree: Any) -> jax.Array:
@@ -40,10 +45,42 @@ def _scale_tree(tree: Any, factor: jax.Array) -> Any:
   return jax.tree_util.tree_map(scale, tree)
 
 
+class _LossScaleBase:
+  """What every loss scale tells the training-step builders."""
+
+  mode: str  # the amp-loss-scale mode
+
+  def pass_options(self) -> dict[str, Any]:
+    """The options of the `amp-loss-scale` pass for this loss scale."""
+    return {"mode": self.mode}
+
+  def _roles(self) -> Mapping[str, Any]:
+    return {}
+
+  def state(self) -> tuple:
+    """The tensors the pass's appended arguments take, in its order."""
+    roles = self._roles()
+    return tuple(roles[role] for role in
+                 contract.loss_scale_layout(self.mode)["arguments"])
+
+  def results(self, outputs: Sequence[Any]) -> dict[str, Any]:
+    """The pass's appended results by role attribute name."""
+    return dict(zip(contract.loss_scale_layout(self.mode)["results"],
+                    outputs))
+
+  def grads_finite(self, outputs: Sequence[Any]) -> jax.Array:
+    return self.results(outputs)[contract.attribute("grads_finite")]
+
+  def with_state(self, outputs: Sequence[Any]):
+    """The state after a step, from the pass's appended results."""
+    return self
+
+
 @jax.tree_util.register_pytree_node_class
-class NoOpLossScale:
+class NoOpLossScale(_LossScaleBase):
   """No scaling (bf16 and f32 compute): the identity, a scale of 1."""
 
+  mode = "none"
   loss_scale = property(lambda self: jnp.float32(1.0))
 
   def scale(self, tree: Any) -> Any:
@@ -54,15 +91,6 @@ class NoOpLossScale:
 
   def adjust(self, grads_finite: jax.Array) -> "NoOpLossScale":
     del grads_finite
-    return self
-
-  def pass_options(self) -> LossScaleOptions:
-    return LossScaleOptions("none")
-
-  def state(self) -> tuple:
-    return ()
-
-  def with_state(self, outputs: list) -> "NoOpLossScale":
     return self
 
   def tree_flatten(self):
@@ -77,8 +105,10 @@ class NoOpLossScale:
 
 
 @jax.tree_util.register_pytree_node_class
-class StaticLossScale:
+class StaticLossScale(_LossScaleBase):
   """A fixed scale (an f32 tensor)."""
+
+  mode = "static"
 
   def __init__(self, loss_scale: float | jax.Array):
     self.loss_scale = jnp.asarray(loss_scale, jnp.float32)
@@ -93,14 +123,8 @@ class StaticLossScale:
     del grads_finite
     return self
 
-  def pass_options(self) -> LossScaleOptions:
-    return LossScaleOptions("static")
-
-  def state(self) -> tuple:
-    return (self.loss_scale,)
-
-  def with_state(self, outputs: list) -> "StaticLossScale":
-    return self
+  def _roles(self) -> Mapping[str, Any]:
+    return {contract.attribute("loss_scale"): self.loss_scale}
 
   def tree_flatten(self):
     return (self.loss_scale,), None
@@ -114,11 +138,13 @@ class StaticLossScale:
 
 
 @jax.tree_util.register_pytree_node_class
-class DynamicLossScale:
+class DynamicLossScale(_LossScaleBase):
   """A scale that backs off on overflow and grows after finite steps.
 
   `loss_scale` (f32) and `counter` (i32) are tensors; the configuration is
   static pytree data, so every field survives flatten/unflatten and `jit`.
+  The configuration is checked when it is made, by the same code the
+  `amp-loss-scale` pass runs.
 
   >>> import jax, jax.numpy as jnp, stablehlo_amp as amp
   >>> ls = amp.DynamicLossScale(initial_scale=8.0, growth_interval=2)
@@ -129,24 +155,28 @@ class DynamicLossScale:
   (8.0, 0)
   """
 
-  def __init__(self, initial_scale: float | jax.Array = 2.0 ** 15, *,
-               growth_interval: int = 2000, growth_factor: float = 2.0,
-               backoff_factor: float = 0.5, min_scale: float = 1.0,
-               max_scale: float = 2.0 ** 24,
+  mode = "dynamic"
+
+  def __init__(self, initial_scale: float | jax.Array =
+               _DEFAULTS["initial_scale"], *,
+               growth_interval: int = _DEFAULTS["growth_interval"],
+               growth_factor: float = _DEFAULTS["growth_factor"],
+               backoff_factor: float = _DEFAULTS["backoff_factor"],
+               min_scale: float = _DEFAULTS["min_scale"],
+               max_scale: float = _DEFAULTS["max_scale"],
                counter: int | jax.Array = 0):
-    options = LossScaleOptions("dynamic", int(growth_interval),
-                               float(growth_factor), float(backoff_factor),
-                               float(min_scale), float(max_scale))
-    _validate(options)
-    self._options = options
+    config = (int(growth_interval), float(growth_factor),
+              float(backoff_factor), float(min_scale), float(max_scale))
+    _amp.validate_loss_scale(self.mode, *config)
+    self._config = config
     self.loss_scale = jnp.asarray(initial_scale, jnp.float32)
     self.counter = jnp.asarray(counter, jnp.int32)
 
-  growth_interval = property(lambda self: self._options.growth_interval)
-  growth_factor = property(lambda self: self._options.growth_factor)
-  backoff_factor = property(lambda self: self._options.backoff_factor)
-  min_scale = property(lambda self: self._options.min_scale)
-  max_scale = property(lambda self: self._options.max_scale)
+  growth_interval = property(lambda self: self._config[0])
+  growth_factor = property(lambda self: self._config[1])
+  backoff_factor = property(lambda self: self._config[2])
+  min_scale = property(lambda self: self._config[3])
+  max_scale = property(lambda self: self._config[4])
 
   def scale(self, tree: Any) -> Any:
     return _scale_tree(tree, self.loss_scale)
@@ -156,70 +186,59 @@ class DynamicLossScale:
 
   def adjust(self, grads_finite: jax.Array) -> "DynamicLossScale":
     """The next state; the same rule the pass builds into the module."""
-    o = self._options
     scale, counter = self.loss_scale, self.counter
     grown_counter = counter + 1
-    at_interval = grown_counter >= o.growth_interval
-    grown = scale * jnp.float32(o.growth_factor)
-    grow = at_interval & jnp.isfinite(grown) & (grown <= o.max_scale)
+    at_interval = grown_counter >= self.growth_interval
+    grown = scale * jnp.float32(self.growth_factor)
+    grow = at_interval & jnp.isfinite(grown) & (grown <= self.max_scale)
     finite_scale = jnp.where(grow, grown, scale)
     finite_counter = jnp.where(at_interval, 0, grown_counter)
-    backed_off = jnp.maximum(scale * jnp.float32(o.backoff_factor),
-                             jnp.float32(o.min_scale))
+    backed_off = jnp.maximum(scale * jnp.float32(self.backoff_factor),
+                             jnp.float32(self.min_scale))
     return self._replace(jnp.where(grads_finite, finite_scale, backed_off),
                          jnp.where(grads_finite, finite_counter, 0))
 
-  def pass_options(self) -> LossScaleOptions:
-    return self._options
+  def pass_options(self) -> dict[str, Any]:
+    return {"mode": self.mode, "growth_interval": self.growth_interval,
+            "growth_factor": repr(self.growth_factor),
+            "backoff_factor": repr(self.backoff_factor),
+            "min_scale": repr(self.min_scale),
+            "max_scale": repr(self.max_scale)}
 
-  def state(self) -> tuple:
-    return (self.loss_scale, self.counter)
+  def _roles(self) -> Mapping[str, Any]:
+    return {contract.attribute("loss_scale"): self.loss_scale,
+            contract.attribute("loss_scale_counter"): self.counter}
 
-  def with_state(self, outputs: list) -> "DynamicLossScale":
-    """The state after a step, from the pass's appended results."""
-    return self._replace(outputs[1], outputs[2])
+  def with_state(self, outputs: Sequence[Any]) -> "DynamicLossScale":
+    results = self.results(outputs)
+    return self._replace(results[contract.attribute("loss_scale")],
+                         results[contract.attribute("loss_scale_counter")])
 
   def _replace(self, loss_scale, counter) -> "DynamicLossScale":
     new = object.__new__(DynamicLossScale)
-    new._options = self._options
+    new._config = self._config
     new.loss_scale, new.counter = loss_scale, counter
     return new
 
   def tree_flatten(self):
-    return (self.loss_scale, self.counter), self._options
+    return (self.loss_scale, self.counter), self._config
 
   @classmethod
-  def tree_unflatten(cls, options, children):
+  def tree_unflatten(cls, config, children):
     new = object.__new__(cls)
-    new._options = options
+    new._config = config
     new.loss_scale, new.counter = children
     return new
 
   def __repr__(self) -> str:
-    o = self._options
     return (f"DynamicLossScale(loss_scale={self.loss_scale!r}, "
-            f"counter={self.counter!r}, growth_interval={o.growth_interval}, "
-            f"growth_factor={o.growth_factor}, "
-            f"backoff_factor={o.backoff_factor}, min_scale={o.min_scale}, "
-            f"max_scale={o.max_scale})")
+            f"counter={self.counter!r}, growth_interval={self.growth_interval}, "
+            f"growth_factor={self.growth_factor}, "
+            f"backoff_factor={self.backoff_factor}, "
+            f"min_scale={self.min_scale}, max_scale={self.max_scale})")
 
 
 LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
-
-
-def _validate(o: LossScaleOptions) -> None:
-  if o.growth_interval < 1:
-    raise ValueError(f"growth_interval must be at least 1, got "
-                     f"{o.growth_interval}")
-  if not o.growth_factor >= 1:
-    raise ValueError(f"growth_factor must be at least 1, got "
-                     f"{o.growth_factor}")
-  if not 0 < o.backoff_factor <= 1:
-    raise ValueError(f"backoff_factor must be in (0, 1], got "
-                     f"{o.backoff_factor}")
-  if not 0 < o.min_scale <= o.max_scale:
-    raise ValueError(f"need 0 < min_scale <= max_scale, got min_scale="
-                     f"{o.min_scale}, max_scale={o.max_scale}")
 
 
 def default_loss_scale(compute_dtype) -> LossScale:

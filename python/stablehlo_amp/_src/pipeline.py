@@ -5,19 +5,18 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
-from jax._src.interpreters import mlir as jax_mlir
 from jax.extend.mlir import ir
 
 from stablehlo_amp import _amp
-from stablehlo_amp._src.policy import Policy, as_policy, check_level
+from stablehlo_amp._src import contract
+from stablehlo_amp._src import jax_compat
+from stablehlo_amp._src.policy import Policy, as_policy
 from stablehlo_amp._src.report import Report
 
-TARGETS = ("cpu", "gpu", "tpu")
-EMIT_FORMATS = ("pretty", "generic", "bytecode")
-DOT_RESULTS = ("f32", "compute")
+EMIT_FORMATS = ("pretty", "generic", "bytecode", "portable")
 
 
 class AmpError(Exception):
@@ -46,14 +45,127 @@ class VerificationError(AmpError):
 
 def ir_context() -> ir.Context:
   """A context with every dialect JAX emits (StableHLO, CHLO, Shardy, MHLO)."""
-  return jax_mlir.make_ir_context()
+  return jax_compat.make_ir_context()
 
 
 def default_target() -> str:
-  """The backend JAX runs on here: cpu, gpu or tpu."""
+  """The backend JAX runs on here, as a target name."""
   backend = jax.default_backend()
   return "gpu" if backend in ("gpu", "cuda", "rocm") else backend
 
+
+# -- options ---------------------------------------------------------------------
+
+
+def _names(value: str | Iterable[str] | None, what: str) -> tuple[str, ...]:
+  """A string is one name; anything else an iterable of names."""
+  if value is None:
+    return ()
+  if isinstance(value, str):
+    return (value,)
+  try:
+    names = tuple(value)
+  except TypeError:
+    raise TypeError(f"{what} must be a string or a list of strings, got "
+                    f"{type(value).__name__}") from None
+  for name in names:
+    if not isinstance(name, str):
+      raise TypeError(f"{what} must contain strings, got {name!r}")
+  return names
+
+
+@dataclasses.dataclass(frozen=True)
+class RewriteOptions:
+  """Validated options of `amp-insert-converts` (besides the policy).
+
+  Build with `RewriteOptions.make`, which checks every value with the pass's
+  own parsers (through the extension) and raises ValueError naming the
+  accepted values; `target=None` means the backend JAX runs on.
+  """
+  level: str
+  target: str
+  dot_result: str
+  storage: str
+  keep_f32: tuple[str, ...] = ()
+  force_compute: tuple[str, ...] = ()
+  keep_groups: tuple[int, ...] = ()
+
+  @classmethod
+  def make(cls, *, level: str | None = None, target: str | None = None,
+           dot_result: str | None = None, storage: str | None = None,
+           keep_f32: str | Iterable[str] | None = (),
+           force_compute: str | Iterable[str] | None = (),
+           keep_groups: Iterable[int] = ()) -> "RewriteOptions":
+    pass_name = contract.INSERT_CONVERTS
+
+    def choice(name: str, value: str | None, target_name: str = "gpu") -> str:
+      option = name.replace("_", "-")
+      if value is None:
+        value = contract.default(pass_name, option)
+      if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+      return _amp.canonical_choice(option, value, target_name)
+
+    target = choice("target", target or default_target())
+    keep = tuple(_amp.check_op_names(
+        "keep_f32", list(_names(keep_f32, "keep_f32"))))
+    force = tuple(_amp.check_op_names(
+        "force_compute", list(_names(force_compute, "force_compute"))))
+    both = sorted(set(keep) & set(force))
+    if both:
+      raise ValueError(f"ops named in both keep_f32 and force_compute: "
+                       f"{', '.join(both)}")
+    groups = tuple(int(g) for g in keep_groups)
+    if any(g < 0 for g in groups):
+      raise ValueError(f"keep_groups must be non-negative, got {groups}")
+    return cls(level=choice("level", level), target=target,
+               dot_result=choice("dot_result", dot_result),
+               storage=choice("storage", storage or "", target),
+               keep_f32=keep, force_compute=force, keep_groups=groups)
+
+  def replace(self, **changes) -> "RewriteOptions":
+    return dataclasses.replace(self, **changes)
+
+
+def _pass_text(name: str, options: dict[str, Any]) -> str:
+  """`name{opt=value ...}` with the options' pass spellings, each checked
+  against the contract."""
+  known = contract.document()["passes"][name]["options"]
+  parts = []
+  for key, value in options.items():
+    option = key.replace("_", "-")
+    if option not in known:
+      raise KeyError(f"{name} has no option {option!r}")
+    if isinstance(value, (tuple, list)):
+      if not value:
+        continue
+      value = ",".join(str(v) for v in value)
+    elif isinstance(value, bool):
+      value = "true" if value else "false"
+    parts.append(f"{option}={value}")
+  return name + ("{" + " ".join(parts) + "}" if parts else "")
+
+
+def build_pipeline(policy: Policy, options: RewriteOptions, *,
+                   report: bool = False,
+                   loss_scale: dict[str, Any] | None = None) -> str:
+  """The pass pipeline `amp.rewrite` and `amp-opt` run; `loss_scale` holds
+  the options of an `amp-loss-scale` pass to run after the precision
+  rewrite."""
+  insert = _pass_text(contract.INSERT_CONVERTS,
+                      dict(policy=str(policy), **dataclasses.asdict(options),
+                           report=report))
+  if options.level == "O0" and not loss_scale:
+    # O0 is the identity: not even the convert cleanup runs.
+    return f"builtin.module({insert})"
+  passes = [insert]
+  if loss_scale:
+    passes.append(_pass_text(contract.LOSS_SCALE, loss_scale))
+  passes.append(contract.SIMPLIFY_CONVERTS)
+  return "builtin.module(" + ",".join(passes) + ")"
+
+
+# -- parsing and diagnostics -----------------------------------------------------
 
 _LOC = re.compile(r'^loc\("(?P<file>[^"]*)":(?P<line>\d+):(?P<col>\d+)\)$')
 
@@ -76,14 +188,32 @@ def _format_diagnostic(diagnostic, source_name: str,
   return "\n".join(lines)
 
 
+@dataclasses.dataclass
+class SourceForm:
+  """How the input came: text, MLIR bytecode, or a portable artifact (VHLO)
+  for StableHLO `version`."""
+  kind: str = "text"
+  version: str | None = None
+
+
 def parse_module(source: str | bytes, context: ir.Context,
-                 source_name: str = "<module>") -> ir.Module:
-  """Parses pretty, generic or bytecode StableHLO and verifies it."""
+                 source_name: str = "<module>",
+                 form: SourceForm | None = None) -> ir.Module:
+  """Parses pretty, generic, bytecode or portable-artifact StableHLO and
+  verifies it; `form`, if given, is filled in with what the input was."""
   if isinstance(source, str) and not source.strip():
     raise InvalidIRError(f"{source_name}: error: empty input, expected a "
                          "StableHLO module")
+  form = form if form is not None else SourceForm()
+  version = (jax_compat.portable_artifact_version(source)
+             if isinstance(source, bytes) else None)
   try:
-    module = ir.Module.parse(source, context)
+    if version:
+      form.kind, form.version = "portable", version
+      module = jax_compat.deserialize_portable_artifact(source)
+    else:
+      form.kind = "bytecode" if isinstance(source, bytes) else "text"
+      module = ir.Module.parse(source, context)
     module.operation.verify()
   except ir.MLIRError as error:
     diagnostics = [_format_diagnostic(d, source_name)
@@ -95,56 +225,6 @@ def parse_module(source: str | bytes, context: ir.Context,
     raise InvalidIRError(f"{source_name}: error: input is neither MLIR text "
                          "nor MLIR bytecode") from None
   return module
-
-
-def build_pipeline(policy: Policy, *, level: str = "O2", target: str = "cpu",
-                   dot_result: str = "f32", keep_f32: Iterable[str] = (),
-                   force_compute: Iterable[str] = (),
-                   annotate: bool = False, loss_scale: str | None = None) -> str:
-  """The pass pipeline `amp.rewrite` and `amp-opt` run; `loss_scale` is an
-  `amp-loss-scale{...}` pass to run after the precision rewrite."""
-  options = [f"policy={policy}", f"level={level}", f"target={target}",
-             f"dot-result={dot_result}"]
-  keep_f32, force_compute = list(keep_f32), list(force_compute)
-  if keep_f32:
-    options.append("keep-f32=" + ",".join(keep_f32))
-  if force_compute:
-    options.append("force-compute=" + ",".join(force_compute))
-  if annotate:
-    options.append("annotate=true")
-  passes = ["amp-insert-converts{" + " ".join(options) + "}"]
-  if level == "O0" and not loss_scale:
-    # O0 is the identity: not even the convert cleanup runs.
-    return "builtin.module(" + passes[0] + ")"
-  if loss_scale:
-    passes.append(loss_scale)
-  passes.append("amp-simplify-converts")
-  return "builtin.module(" + ",".join(passes) + ")"
-
-
-def _check_choice(name: str, value: str, accepted: Sequence[str]) -> str:
-  if value not in accepted:
-    raise ValueError(f"unknown {name} {value!r} (accepted: "
-                     f"{', '.join(accepted)})")
-  return value
-
-
-@dataclasses.dataclass(frozen=True)
-class RewriteResult:
-  """A rewritten, verified module and what was decided for it."""
-  module: ir.Module
-  report: Report | None
-  pipeline: str
-  diagnostics: tuple[str, ...] = ()  # warnings the passes emitted
-
-  def text(self, emit: str = "pretty", debug_info: bool = False) -> str | bytes:
-    _check_choice("emit format", emit, EMIT_FORMATS)
-    if emit == "bytecode":
-      buffer = io.BytesIO()
-      self.module.operation.write_bytecode(buffer)
-      return buffer.getvalue()
-    return self.module.operation.get_asm(
-        print_generic_op_form=emit == "generic", enable_debug_info=debug_info)
 
 
 _PASS_DIAGNOSTIC = re.compile(
@@ -176,14 +256,61 @@ def _with_source_name(generic: str, source_name: str) -> str:
   return generic.replace('loc("-":', f'loc("{escaped}":')
 
 
-def run_pipeline(module: ir.Module, pipeline: str, *, context: ir.Context,
-                 source_name: str, report_info: dict | None) -> RewriteResult:
-  """Runs `pipeline` on `module` in process and verifies the result."""
-  generic = _with_source_name(
+# -- running ---------------------------------------------------------------------
+
+
+class RewriteResult:
+  """A rewritten, verified module and what was decided for it.
+
+  The report is built only when asked for (`report` is a property): a
+  rewrite does not pay for it.
+  """
+
+  def __init__(self, module: ir.Module, pipeline: str,
+               diagnostics: Sequence[str] = (),
+               report: Report | None = None,
+               make_report: Callable[[], Report] | None = None,
+               form: SourceForm | None = None):
+    self.module = module
+    self.pipeline = pipeline
+    self.diagnostics = tuple(diagnostics)
+    self._report = report
+    self._make_report = make_report
+    self.form = form or SourceForm()
+
+  @property
+  def report(self) -> Report | None:
+    if self._report is None and self._make_report is not None:
+      self._report = self._make_report()
+    return self._report
+
+  def text(self, emit: str = "pretty", debug_info: bool = False) -> str | bytes:
+    """The module as `emit`: pretty or generic text, MLIR bytecode, or a
+    portable artifact (for the input's StableHLO version if it was one)."""
+    if emit not in EMIT_FORMATS:
+      raise ValueError(f"unknown emit format {emit!r} (accepted: "
+                       f"{', '.join(EMIT_FORMATS)})")
+    if emit == "portable":
+      version = self.form.version or jax_compat.current_stablehlo_version()
+      return jax_compat.serialize_portable_artifact(self.module, version)
+    if emit == "bytecode":
+      buffer = io.BytesIO()
+      self.module.operation.write_bytecode(buffer)
+      return buffer.getvalue()
+    return self.module.operation.get_asm(
+        print_generic_op_form=emit == "generic", enable_debug_info=debug_info)
+
+
+def generic_text(module: ir.Module, source_name: str) -> str:
+  return _with_source_name(
       module.operation.get_asm(print_generic_op_form=True,
                                enable_debug_info=True), source_name)
+
+
+def _run(generic: str, pipeline: str, *, context: ir.Context,
+         source_name: str, report: bool) -> tuple[ir.Module, str, list[str]]:
   ok, output, report_json, diagnostics = _amp.run_pipeline(
-      generic, pipeline, source_name, report_info is not None)
+      generic, pipeline, source_name, report)
   diagnostics = [_format_pass_diagnostic(d, source_name) for d in diagnostics]
   if not ok:
     raise RewriteError("\n".join(diagnostics) or
@@ -199,16 +326,42 @@ def run_pipeline(module: ir.Module, pipeline: str, *, context: ir.Context,
         "stablehlo-amp produced a module that fails StableHLO verification "
         f"(pipeline {pipeline}); please report this:\n" + "\n".join(details),
         details) from None
-  report = None
-  if report_info is not None:
-    report = Report.from_json(report_json, **report_info)
-  return RewriteResult(rewritten, report, pipeline, tuple(diagnostics))
+  return rewritten, report_json, diagnostics
 
 
-def mark_arguments(module: ir.Module, marks: dict[int, list[str]]) -> None:
-  """Sets unit attributes on arguments of the public `main`: the markers the
-  passes read (`amp.keep_dtype`, `amp.loss_seed`) and consume."""
-  if not marks:
+def run_pipeline(module: ir.Module, pipeline: str, *, context: ir.Context,
+                 source_name: str, report_pipeline: str | None = None,
+                 report_info: dict | None = None, eager_report: bool = False,
+                 form: SourceForm | None = None) -> RewriteResult:
+  """Runs `pipeline` on `module` in process and verifies the result.
+
+  `report_pipeline` is the same pipeline with decisions attached; it runs
+  on demand (or at once with `eager_report`) to build the report."""
+  generic = generic_text(module, source_name)
+  rewritten, report_json, diagnostics = _run(
+      generic, pipeline, context=context, source_name=source_name,
+      report=False)
+
+  def make_report() -> Report:
+    with context:
+      _, json_text, _ = _run(generic, report_pipeline, context=context,
+                             source_name=source_name, report=True)
+    return Report.from_json(json_text, **report_info)
+
+  maker = make_report if report_pipeline else None
+  result = RewriteResult(rewritten, pipeline, diagnostics,
+                         make_report=maker, form=form)
+  if eager_report and maker:
+    result.report  # pylint: disable=pointless-statement
+  return result
+
+
+def mark_arguments(module: ir.Module, marks: dict[int, list[str]],
+                   result_marks: dict[int, dict[str, ir.Attribute]] | None =
+                   None) -> None:
+  """Sets attributes on arguments and results of the public `main`: the
+  markers the passes read (`contract.attribute(...)`) and consume."""
+  if not marks and not result_marks:
     return
   for op in module.body.operations:
     if (op.operation.name == "func.func" and
@@ -217,57 +370,70 @@ def mark_arguments(module: ir.Module, marks: dict[int, list[str]]) -> None:
       break
   else:
     raise RewriteError("module has no main function to mark arguments of")
-  count = len(ir.FunctionType(
-      ir.TypeAttr(main.attributes["function_type"]).value).inputs)
-  old = (ir.ArrayAttr(main.attributes["arg_attrs"])
-         if "arg_attrs" in main.attributes else None)
-  new = []
-  for i in range(count):
-    entries = {}
-    if old is not None:
-      attrs = ir.DictAttr(old[i])
-      entries = {attrs[j].name: attrs[j].attr for j in range(len(attrs))}
-    for name in marks.get(i, ()):
-      entries[name] = ir.UnitAttr.get()
-    new.append(ir.DictAttr.get(entries))
-  main.attributes["arg_attrs"] = ir.ArrayAttr.get(new)
+  function_type = ir.FunctionType(
+      ir.TypeAttr(main.attributes["function_type"]).value)
+
+  def updated(attr_name: str, count: int, entries_by_index: dict) -> None:
+    old = (ir.ArrayAttr(main.attributes[attr_name])
+           if attr_name in main.attributes else None)
+    new = []
+    for i in range(count):
+      entries = {}
+      if old is not None:
+        attrs = ir.DictAttr(old[i])
+        entries = {attrs[j].name: attrs[j].attr for j in range(len(attrs))}
+      entries.update(entries_by_index.get(i, {}))
+      new.append(ir.DictAttr.get(entries))
+    main.attributes[attr_name] = ir.ArrayAttr.get(new)
+
+  if marks:
+    updated("arg_attrs", len(function_type.inputs),
+            {i: {name: ir.UnitAttr.get() for name in names}
+             for i, names in marks.items()})
+  if result_marks:
+    updated("res_attrs", len(function_type.results), result_marks)
 
 
-def rewrite_module(source: str | bytes | ir.Module, policy: Policy | str, *,
-                   level: str = "O2", target: str | None = None,
-                   dot_result: str = "f32", keep_f32: Iterable[str] = (),
-                   force_compute: Iterable[str] = (), report: bool = True,
+def rewrite_module(source: str | bytes | ir.Module, policy: Policy | str,
+                   options: RewriteOptions | None = None, *,
+                   report: bool = True, eager_report: bool = False,
                    source_name: str = "<module>",
                    context: ir.Context | None = None,
-                   loss_scale: str | None = None) -> RewriteResult:
+                   loss_scale: dict[str, Any] | None = None,
+                   **option_values) -> RewriteResult:
   """Rewrites a StableHLO module to `policy`; see `stablehlo_amp.rewrite`.
 
-  `source` may be text, bytecode or a jaxlib `ir.Module` (which must live in
-  `context`)."""
+  `source` may be text, bytecode, a portable artifact or a jaxlib
+  `ir.Module` (which must live in `context`). Options come as a
+  `RewriteOptions` or as keywords of `RewriteOptions.make`."""
   policy = as_policy(policy)
-  level = check_level(level)
-  target = _check_choice("target", target or default_target(), TARGETS)
-  _check_choice("dot result", dot_result, DOT_RESULTS)
+  if options is None:
+    options = RewriteOptions.make(**option_values)
+  elif option_values:
+    raise TypeError("give options either as RewriteOptions or as keywords")
   context = context or ir_context()
+  form = SourceForm()
   with context:
     module = (source if isinstance(source, ir.Module)
-              else parse_module(source, context, source_name))
-    pipeline = build_pipeline(policy, level=level, target=target,
-                              dot_result=dot_result, keep_f32=keep_f32,
-                              force_compute=force_compute, annotate=report,
-                              loss_scale=loss_scale)
-    info = ({"policy": str(policy), "level": level, "target": target}
-            if report else None)
-    return run_pipeline(module, pipeline, context=context,
-                        source_name=source_name, report_info=info)
+              else parse_module(source, context, source_name, form))
+    pipeline = build_pipeline(policy, options, loss_scale=loss_scale)
+    info = {"policy": str(policy), "level": options.level,
+            "target": options.target}
+    return run_pipeline(
+        module, pipeline, context=context, source_name=source_name,
+        report_pipeline=(build_pipeline(policy, options, report=True,
+                                        loss_scale=loss_scale)
+                         if report else None),
+        report_info=info, eager_report=eager_report, form=form)
 
 
 def rewrite(mlir_text: str | bytes, policy: Policy | str = "p=f32,c=bf16,o=f32",
             **options) -> str:
   """Rewrites StableHLO text to `policy` and returns verified pretty text.
 
-  Accepts pretty or generic text or bytecode; `options` are those of
-  `amp-opt` (level, target, dot_result, keep_f32, force_compute).
+  Accepts pretty or generic text, bytecode or a portable artifact; `options`
+  are those of `amp-opt` (level, target, dot_result, storage, keep_f32,
+  force_compute).
 
   >>> import jax, jax.numpy as jnp, stablehlo_amp as amp
   >>> text = jax.jit(lambda w, x: x @ w).lower(
@@ -283,5 +449,4 @@ def rewrite(mlir_text: str | bytes, policy: Policy | str = "p=f32,c=bf16,o=f32",
   }
   <BLANKLINE>
   """
-  options.setdefault("report", False)
-  return rewrite_module(mlir_text, policy, **options).text()
+  return rewrite_module(mlir_text, policy, report=False, **options).text()

@@ -2,8 +2,8 @@
 
 Shared by `amp.transform` and the training API: export with `jax.export`,
 mark arguments and results for the passes, rewrite in process, and rebuild
-the `Exported` with the new dtypes and any arguments/results the loss-scale
-pass added, called with flat leaves.
+the `Exported` with the new dtypes and any arguments and results the
+loss-scale pass appended, called with flat leaves.
 """
 
 from __future__ import annotations
@@ -17,18 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
-from jax._src.export import _export as jax_export_internal
 from jax.extend.mlir import ir
 
+from stablehlo_amp._src import contract
+from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src.policy import Policy
-
-GRADIENTS_MARKER = "stablehlo_amp.gradients"
-
-# MLIR element type names to dtypes, for the rewritten signature.
-_MLIR_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16,
-                "f64": jnp.float64, "f8E4M3FN": jnp.float8_e4m3fn,
-                "f8E5M2": jnp.float8_e5m2, "i32": jnp.int32, "i1": jnp.bool_}
 
 
 def mark_gradients(tree: Any) -> Any:
@@ -39,10 +33,10 @@ def mark_gradients(tree: Any) -> Any:
             if jnp.issubdtype(leaf.dtype, jnp.floating)]
   if not floats:
     return tree
-  marked = jax.ffi.ffi_call(
-      GRADIENTS_MARKER,
+  marked = jax_compat.ffi_call(
+      contract.attribute("gradients_call"),
       [jax.ShapeDtypeStruct(leaves[i].shape, leaves[i].dtype) for i in floats],
-      has_side_effect=False)(*[leaves[i] for i in floats])
+  )(*[leaves[i] for i in floats])
   for i, value in zip(floats, marked):
     leaves[i] = value
   return jax.tree_util.tree_unflatten(treedef, leaves)
@@ -56,38 +50,6 @@ class Timings:
 
 
 @dataclasses.dataclass(frozen=True)
-class LossScaleOptions:
-  """What `amp-loss-scale` is asked to do (see Passes.td)."""
-  mode: str  # dynamic | static | none
-  growth_interval: int = 2000
-  growth_factor: float = 2.0
-  backoff_factor: float = 0.5
-  min_scale: float = 1.0
-  max_scale: float = 2.0 ** 24
-
-  def pass_text(self, state_pairs: Sequence[tuple[int, int]] = ()) -> str:
-    options = [f"mode={self.mode}"]
-    if self.mode == "dynamic":
-      options += [f"growth-interval={self.growth_interval}",
-                  f"growth-factor={self.growth_factor!r}",
-                  f"backoff-factor={self.backoff_factor!r}",
-                  f"min-scale={self.min_scale!r}",
-                  f"max-scale={self.max_scale!r}"]
-    if state_pairs:
-      options.append("state-results=" +
-                     ",".join(f"{r}:{a}" for r, a in state_pairs))
-    return "amp-loss-scale{" + " ".join(options) + "}"
-
-  @property
-  def extra_inputs(self) -> int:
-    return {"dynamic": 2, "static": 1, "none": 0}[self.mode]
-
-  @property
-  def extra_outputs(self) -> int:
-    return 3 if self.mode == "dynamic" else 1
-
-
-@dataclasses.dataclass(frozen=True)
 class Program:
   """A rewritten program for one signature, called with flat leaves."""
   exported: jax_export.Exported
@@ -95,6 +57,12 @@ class Program:
   timings: Timings
   num_extra_outputs: int
   out_tree: Any  # the structure of the function's own outputs
+
+  @property
+  def out_avals(self) -> tuple:
+    """The avals of the function's own outputs (not the appended ones)."""
+    count = len(self.exported.out_avals) - self.num_extra_outputs
+    return tuple(self.exported.out_avals[:count])
 
   def call(self, leaves: Sequence[Any], extra: Sequence[Any] = ()) -> tuple:
     """Runs on flat input leaves (+ the loss-scale inputs); returns flat
@@ -120,16 +88,38 @@ def main_signature(module: ir.Module) -> tuple[list, list]:
   raise pl.RewriteError("module has no main function")
 
 
-def _aval(mlir_type, like=None) -> jax.core.ShapedArray:
+def _mlir_dtype(element: ir.Type) -> np.dtype | None:
+  """The dtype of an MLIR element type (f32, bf16, f8E4M3FN, i32, ui8, i1)."""
+  text = str(element)
+  if text == "i1":
+    name = "bool"
+  elif text == "bf16":
+    name = "bfloat16"
+  elif text.startswith("f8"):
+    name = "float8_" + text[2:].lower()
+  elif text[:1] == "f" and text[1:].isdigit():
+    name = "float" + text[1:]
+  elif text[:2] == "ui" and text[2:].isdigit():
+    name = "uint" + text[2:]
+  elif text[:1] == "i" and text[1:].isdigit():
+    name = "int" + text[1:]
+  else:
+    return None
+  try:
+    return jnp.dtype(name)
+  except TypeError:
+    return None
+
+
+def _aval(mlir_type, like=None) -> Any:
   shaped = ir.ShapedType(mlir_type)
-  element = str(shaped.element_type)
-  dtype = _MLIR_DTYPES.get(element)
+  dtype = _mlir_dtype(shaped.element_type)
   if dtype is None:
     if like is None:
-      raise pl.RewriteError(f"unexpected element type {element} in the "
-                            "rewritten signature")
+      raise pl.RewriteError(f"unexpected element type {shaped.element_type} "
+                            "in the rewritten signature")
     return like
-  aval = jax.core.ShapedArray(tuple(shaped.shape), np.dtype(dtype))
+  aval = jax_compat.shaped_array(tuple(shaped.shape), dtype)
   if like is not None and like.dtype == aval.dtype:
     return like
   return aval
@@ -152,79 +142,79 @@ def _flat_exported(exported: jax_export.Exported, module: ir.Module,
   if len(out_avals) != len(exported.out_avals) + extra_out:
     raise pl.RewriteError("the rewritten module has an unexpected number of "
                           "results")
-  no_in, no_out = (None,) * extra_in, (None,) * extra_out
-  return dataclasses.replace(
-      exported,
-      in_tree=jax.tree_util.tree_structure((tuple(in_avals), {})),
-      out_tree=jax.tree_util.tree_structure(tuple(out_avals)),
-      in_avals=tuple(in_avals), out_avals=tuple(out_avals),
-      _in_named_shardings=tuple(exported._in_named_shardings) + no_in,
-      _out_named_shardings=tuple(exported._out_named_shardings) + no_out,
-      in_shardings_hlo=tuple(exported.in_shardings_hlo) + no_in,
-      out_shardings_hlo=tuple(exported.out_shardings_hlo) + no_out,
-      module_kept_var_idx=tuple(kept),
-      mlir_module_serialized=jax_export_internal._module_to_bytecode(module),
-      _get_vjp=None)
+  return jax_compat.replace_exported(
+      exported, module, in_avals=in_avals, out_avals=out_avals,
+      kept_var_idx=kept, extra_in=extra_in, extra_out=extra_out)
+
+
+def export(jitted: Callable, args: Sequence, kwargs: dict) -> Any:
+  """`jax.export` of `jitted`. Errors raised by the function itself
+  propagate as they are; what jax.export cannot export (host callbacks,
+  effects) is a RewriteError."""
+  # Trace first: an exception from the user's own code surfaces as itself.
+  jitted.trace(*args, **kwargs)
+  disabled = [jax_export.DisabledSafetyCheck.custom_call(
+      contract.attribute("gradients_call"))]
+  try:
+    return jax_export.export(jitted, disabled_checks=disabled)(*args, **kwargs)
+  except (NotImplementedError, ValueError) as error:
+    raise pl.RewriteError(f"jax.export cannot export it: {error}") from error
 
 
 def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
-          param_flags: Sequence[bool], policy: Policy, options: dict,
-          source_name: str, seed_leaf: int | None = None,
+          param_flags: Sequence[bool], policy: Policy,
+          options: pl.RewriteOptions, source_name: str,
+          seed_leaf: int | None = None,
           state_leaves: Sequence[tuple[int, int]] = (),
-          loss_scale: LossScaleOptions | None = None) -> Program:
+          loss_scale: Any = None) -> Program:
   """Exports `jitted`, rewrites it and returns the flat-called program.
 
   `param_flags[i]` says whether flat input leaf i takes the `p=` dtype;
   `seed_leaf` is the flat input leaf holding the loss cotangent seed;
-  `state_leaves` pairs (flat output leaf, flat input leaf) whose new value is
-  kept only if the gradients are finite.
+  `state_leaves` pairs (flat output leaf, flat input leaf) whose new value
+  has the input's dtype and is kept only if the gradients are finite;
+  `loss_scale` is the loss scale whose `amp-loss-scale` pass to run.
 
   Raises `RewriteError` when the function cannot be exported or rewritten
   (the caller decides whether to fall back) and `VerificationError` when
   the rewritten module is invalid (a bug).
   """
   start = time.perf_counter()
-  disabled = [jax_export.DisabledSafetyCheck.custom_call(GRADIENTS_MARKER)]
-  try:
-    exported = jax_export.export(jitted, disabled_checks=disabled)(
-        *export_args, **export_kwargs)
-  except (NotImplementedError, ValueError) as error:
-    # Host callbacks, unsupported effects: jax.export says what.
-    raise pl.RewriteError(f"jax.export cannot export it: {error}") from error
+  exported = export(jitted, export_args, export_kwargs)
   lowered_at = time.perf_counter()
   kept = exported.module_kept_var_idx
   position = {flat: i for i, flat in enumerate(kept)}
   context = pl.ir_context()
   with context:
-    module = jax_export_internal._jax.mlir.deserialize_portable_artifact(
-        exported.mlir_module_serialized)
+    module = jax_compat.exported_module(exported)
     if len(main_signature(module)[0]) != len(kept):
       raise pl.RewriteError("the exported module has extra arguments "
                             "(effect tokens or a platform index)")
     marks: dict[int, list[str]] = {}
     for i, flat in enumerate(kept):
       if not param_flags[flat]:
-        marks.setdefault(i, []).append("amp.keep_dtype")
+        marks.setdefault(i, []).append(contract.attribute("keep_dtype"))
     if seed_leaf is not None:
       if seed_leaf not in position:
         raise pl.RewriteError("the loss does not depend on the seed")
-      marks.setdefault(position[seed_leaf], []).append("amp.loss_seed")
-    pl.mark_arguments(module, marks)
-    state_pairs = [(out, position[arg]) for out, arg in state_leaves
-                   if arg in position]
+      marks.setdefault(position[seed_leaf], []).append(
+          contract.attribute("loss_seed"))
+    i32 = ir.IntegerType.get_signless(32)
+    result_marks = {
+        out: {contract.attribute("state_of"): ir.IntegerAttr.get(
+            i32, position[arg])}
+        for out, arg in state_leaves if arg in position}
+    pl.mark_arguments(module, marks, result_marks)
     result = pl.rewrite_module(
-        module, policy, context=context, source_name=source_name,
-        loss_scale=(loss_scale.pass_text(state_pairs)
-                    if loss_scale else None),
-        **options)
+        module, policy, options, context=context, source_name=source_name,
+        loss_scale=loss_scale.pass_options() if loss_scale else None)
     for diagnostic in result.diagnostics:
       warnings.warn(f"stablehlo-amp: {diagnostic}", stacklevel=4)
-    program = _flat_exported(
-        exported, result.module,
-        loss_scale.extra_inputs if loss_scale else 0,
-        loss_scale.extra_outputs if loss_scale else 0)
+    layout = (contract.loss_scale_layout(loss_scale.mode) if loss_scale
+              else {"arguments": (), "results": ()})
+    program = _flat_exported(exported, result.module,
+                             len(layout["arguments"]), len(layout["results"]))
   done = time.perf_counter()
   return Program(program, result,
                  Timings(lower=lowered_at - start, rewrite=done - lowered_at),
-                 loss_scale.extra_outputs if loss_scale else 0,
-                 exported.out_tree)
+                 len(layout["results"]), exported.out_tree)

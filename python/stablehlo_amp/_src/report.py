@@ -1,24 +1,44 @@
-"""What `amp-insert-converts` decided for each op, summarised for people."""
+"""What `amp-insert-converts` decided for each op, summarised for people.
+
+The pass hands over structured decisions (a precision, a reason id from the
+contract, details); the text people read comes from the contract too.
+"""
 
 from __future__ import annotations
 
 import collections
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Mapping
+
+from stablehlo_amp._src import contract
 
 
 def _ops(count: int) -> str:
   return f"{count} op" if count == 1 else f"{count} ops"
 
 
+def _mib(count: int) -> str:
+  return f"{count / 2**20:.1f} MiB"
+
+
 @dataclasses.dataclass(frozen=True)
 class OpDecision:
   """The precision chosen for one op, why, and where the op is."""
   op: str
-  precision: str  # "low" or "f32"
-  reason: str
+  precision: str  # "low", "f32" or "unchanged"
+  reason_id: str
   loc: str
+  detail: str = ""
+  group: int | None = None  # calibration group
+  stored: bool = False      # its result is stored in the compute dtype
+  gemm: str = ""            # FP8 operand formats, or why not FP8
+
+  @property
+  def reason(self) -> str:
+    """The reason as people read it ("sum reduction" details included)."""
+    text = contract.reason_text(self.reason_id)
+    return f"{text} ({self.detail})" if self.detail else text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +46,8 @@ class Report:
   """The decisions of one rewrite.
 
   ``lowered`` and ``kept_f32`` count ops by name; ``kept_f32_reasons`` groups
-  the kept ops by the reason they stayed f32.
+  the kept ops by the reason they stayed f32; ``bytes_before`` and
+  ``bytes_after`` give the bytes of the module's float values by dtype.
   """
   policy: str
   level: str
@@ -34,14 +55,26 @@ class Report:
   decisions: tuple[OpDecision, ...]
   converts_inserted: int
   converts_total: int
+  bytes_before: Mapping[str, int] = dataclasses.field(default_factory=dict)
+  bytes_after: Mapping[str, int] = dataclasses.field(default_factory=dict)
+  memory: Mapping[str, int] | None = None  # XLA's memory_analysis, if compiled
 
   @classmethod
   def from_json(cls, text: str, *, policy: str, level: str,
                 target: str) -> "Report":
     data = json.loads(text)
-    decisions = tuple(OpDecision(**op) for op in data["ops"])
+    decisions = tuple(
+        OpDecision(op=d["op"], precision=d["precision"], reason_id=d["reason"],
+                   loc=d["loc"], detail=d.get("detail", ""),
+                   group=d.get("group"), stored=d.get("stored", False),
+                   gemm=d.get("gemm", ""))
+        for d in data["ops"])
     return cls(policy, level, target, decisions, data["converts_inserted"],
-               data["converts_total"])
+               data["converts_total"], data.get("bytes_before", {}),
+               data.get("bytes_after", {}))
+
+  def with_memory(self, memory: Mapping[str, int]) -> "Report":
+    return dataclasses.replace(self, memory=dict(memory))
 
   @property
   def lowered(self) -> collections.Counter:
@@ -61,6 +94,11 @@ class Report:
         d.op for d in self.decisions if d.precision == "unchanged")
 
   @property
+  def stored_low(self) -> collections.Counter:
+    """Ops whose f32 result is stored in the compute dtype."""
+    return collections.Counter(d.op for d in self.decisions if d.stored)
+
+  @property
   def kept_f32_reasons(self) -> dict[str, collections.Counter]:
     reasons: dict[str, collections.Counter] = {}
     for d in self.decisions:
@@ -68,15 +106,29 @@ class Report:
         reasons.setdefault(d.reason, collections.Counter())[d.op] += 1
     return reasons
 
+  @property
+  def groups(self) -> dict[int, list[OpDecision]]:
+    """Calibration groups: each lowered matrix multiply and the ops painted
+    low with it."""
+    groups: dict[int, list[OpDecision]] = {}
+    for d in self.decisions:
+      if d.group is not None:
+        groups.setdefault(d.group, []).append(d)
+    return groups
+
   def to_dict(self) -> dict[str, Any]:
     return {
         "policy": self.policy, "level": self.level, "target": self.target,
         "lowered": dict(self.lowered), "kept_f32": dict(self.kept_f32),
         "unchanged": dict(self.unchanged),
+        "stored_low": dict(self.stored_low),
         "kept_f32_reasons": {k: dict(v) for k, v in
                              self.kept_f32_reasons.items()},
         "converts_inserted": self.converts_inserted,
         "converts_total": self.converts_total,
+        "bytes_before": dict(self.bytes_before),
+        "bytes_after": dict(self.bytes_after),
+        "memory": dict(self.memory) if self.memory else None,
     }
 
   def __str__(self) -> str:
@@ -95,10 +147,23 @@ class Report:
     for reason, ops in sorted(self.kept_f32_reasons.items(),
                               key=lambda item: -sum(item[1].values())):
       lines.append(f"    {reason}: {sum(ops.values())} ({names(ops)})")
+    stored = self.stored_low
+    if stored:
+      lines.append(f"  f32 results stored in {compute}: "
+                   f"{_ops(sum(stored.values()))} ({names(stored)})")
     unchanged = self.unchanged
     if unchanged:
       lines.append(f"  left as they are (no f32 values): "
                    f"{_ops(sum(unchanged.values()))} ({names(unchanged)})")
     lines.append(f"  converts inserted: {self.converts_inserted} "
                  f"(module has {self.converts_total})")
+    if self.bytes_before or self.bytes_after:
+      def by_dtype(table: Mapping[str, int]) -> str:
+        return ", ".join(f"{dtype} {_mib(n)}" for dtype, n in
+                         sorted(table.items(), key=lambda kv: -kv[1])) or "none"
+      lines.append(f"  float values by dtype: before {by_dtype(self.bytes_before)}; "
+                   f"after {by_dtype(self.bytes_after)}")
+    if self.memory:
+      lines.append("  XLA memory: " + ", ".join(
+          f"{k} {_mib(v)}" for k, v in self.memory.items()))
     return "\n".join(lines)

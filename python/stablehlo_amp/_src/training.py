@@ -2,16 +2,16 @@
 
 `value_and_grad` and `train_step` lower the function with the loss cotangent
 seed as an argument (`jax.vjp`, then `vjp(seed)`), wrap the gradients in the
-marker `amp-loss-scale` looks for, and run the precision rewrite and the
+custom call `amp-loss-scale` looks for, and run the precision rewrite and the
 loss-scale pass on the module: the scale enters the backward pass where
-autodiff starts, gradients are unscaled and checked once, the scale is updated
-and an overflowed step is skipped inside the program. A step is one compiled
-program with no host round trip.
+autodiff starts, gradients are unscaled and checked once, the scale is
+updated and an overflowed step is skipped inside the program. A step is one
+compiled program with no host round trip.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -19,23 +19,85 @@ import jax.numpy as jnp
 if TYPE_CHECKING:
   import optax
 
+from stablehlo_amp._src import jax_compat
+from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
 from stablehlo_amp._src.loss_scale import LossScale, default_loss_scale
 from stablehlo_amp._src.policy import Policy, as_policy
-from stablehlo_amp._src.transform import (Lowered, _is_float, _name,
-                                          _signature, check_options)
+from stablehlo_amp._src.transform import Lowered, _is_float, _is_f32, _name
 
 
-def _float_flags(tree: Any, selected: bool) -> list[bool]:
-  return [selected and _is_float(x) for x in jax.tree_util.tree_leaves(tree)]
+def _leaves(tree: Any) -> list:
+  return jax.tree_util.tree_leaves(tree)
 
 
 def _spec(tree: Any, as_param: bool) -> Any:
-  """Abstract values for export: parameters in f32, the rest as they are."""
+  """Abstract values for export: f32 parameters as f32 (the pass gives them
+  the `p=` dtype), everything else as it is."""
   def spec(x):
-    dtype = jnp.float32 if as_param and _is_float(x) else jnp.result_type(x)
+    dtype = jnp.result_type(x)
+    if as_param and _is_float(x) and jnp.dtype(dtype) in (
+        jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
+        jnp.dtype(jnp.float16)):
+      dtype = jnp.float32
     return jax.ShapeDtypeStruct(jnp.shape(x), dtype)
   return jax.tree_util.tree_map(spec, tree)
+
+
+def _param_flags(tree: Any) -> list[bool]:
+  """Float parameter leaves in f32, bf16 or f16 take the `p=` dtype; f64
+  parameters (x64) keep theirs."""
+  return [_is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
+          for x in _leaves(tree)]
+
+
+def _no_flags(tree: Any) -> list[bool]:
+  return [False] * len(_leaves(tree))
+
+
+def _check_scalar_loss(loss: Any, fun: Callable, has_aux: bool) -> None:
+  shape = jnp.shape(loss) if hasattr(loss, "shape") else None
+  if shape != () or not jnp.issubdtype(jnp.result_type(loss), jnp.floating):
+    got = (f"{jnp.result_type(loss)}{list(shape)}" if shape is not None
+           else type(loss).__name__)
+    hint = ("" if has_aux else
+            "; if it returns (loss, aux), pass has_aux=True")
+    raise TypeError(f"{_name(fun)} must return a scalar float loss, got "
+                    f"{got}{hint}")
+
+
+def _split_floats(tree: Any) -> tuple[list, Callable]:
+  """The float leaves of `tree`, and a function putting new float leaves
+  back with the non-float leaves unchanged."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  floats = [i for i, leaf in enumerate(leaves) if _is_float(leaf)]
+
+  def rebuild(new_floats: Sequence[Any]) -> Any:
+    rebuilt = list(leaves)
+    for i, value in zip(floats, new_floats):
+      rebuilt[i] = value
+    return jax.tree_util.tree_unflatten(treedef, rebuilt)
+  return [leaves[i] for i in floats], rebuild
+
+
+def _grad_of_floats(loss_fn: Callable, params: Any, seed: jax.Array, *,
+                    has_aux: bool, user_fun: Callable) -> tuple[Any, Any, Any]:
+  """(loss, aux, grads): `grads` has params' structure, gradients on the
+  float leaves and zeros of the leaf's own dtype on the others (integer
+  counters), so optimizers leave those untouched."""
+  floats, rebuild = _split_floats(params)
+  fun = lambda *f: loss_fn(rebuild(f))
+  if has_aux:
+    loss, vjp, aux = jax.vjp(fun, *floats, has_aux=True)
+  else:
+    loss, vjp = jax.vjp(fun, *floats)
+    aux = None
+  _check_scalar_loss(loss, user_fun, has_aux)
+  grads = vjp(seed.astype(jnp.result_type(loss)))
+  zeros = jax.tree_util.tree_map(
+      lambda x: x if _is_float(x) else jnp.zeros_like(x), params)
+  grads_tree = _split_floats(zeros)[1](prog.mark_gradients(list(grads)))
+  return loss, aux, grads_tree
 
 
 class _LossScaledProgram:
@@ -45,91 +107,120 @@ class _LossScaledProgram:
   def __init__(self, fun: Callable, policy: Policy | str, options: dict):
     self.fun = fun
     self.policy = as_policy(policy)
-    self._options = check_options(
-        options.pop("level", "O2"), options.pop("target", None),
-        options.pop("dot_result", "f32"), options.pop("keep_f32", ()),
-        options.pop("force_compute", ()))
-    if options:
-      raise TypeError(f"unexpected options: {', '.join(sorted(options))}")
-    # Rewritten programs by input signature, for `lower`.
-    self._programs: dict = {}
+    known = {"level", "target", "dot_result", "storage", "keep_f32",
+             "force_compute"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+      raise TypeError(f"unexpected options: {', '.join(unknown)} (accepted: "
+                      f"{', '.join(sorted(known))})")
+    self._options = pl.RewriteOptions.make(**options)
+    self._programs: dict = {}  # by input signature, for `lower`
     self.rewrite_count = 0
 
   @staticmethod
   def _key(*inputs) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(inputs)
-    return _signature(leaves, treedef, None)
+    avals = tuple((tuple(jnp.shape(x)), str(jnp.result_type(x)))
+                  for x in leaves)
+    return treedef, avals
 
   def _build(self, key: Any, inner: Callable, export_args: tuple,
              param_flags: list, seed_leaf: int, loss_scale: LossScale,
              state_leaves=()) -> prog.Program:
+    if key in self._programs:  # the outer jit traced again (committedness)
+      return self._programs[key]
     self.rewrite_count += 1
     program = prog.build(inner, export_args, {}, param_flags=param_flags,
                          policy=self.policy, options=self._options,
                          source_name=_name(self.fun), seed_leaf=seed_leaf,
-                         state_leaves=state_leaves,
-                         loss_scale=loss_scale.pass_options())
+                         state_leaves=state_leaves, loss_scale=loss_scale)
     self._programs[key] = program
     return program
 
 
 class ValueAndGrad(_LossScaledProgram):
   """`amp.value_and_grad(loss_fn, policy)`: call as
-  ``(loss, grads), grads_finite, loss_scale = vg(params, *args, loss_scale=ls)``.
+  ``(value, grads), grads_finite, loss_scale = vg(*args, loss_scale=ls)``.
   """
 
   def __init__(self, fun: Callable, policy: Policy | str, *, has_aux: bool,
-               **options):
+               argnums: int | Sequence[int], **options):
     super().__init__(fun, policy, options)
     self.has_aux = has_aux
+    self.argnums = argnums
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    if not nums:
+      raise ValueError("argnums must name at least one argument")
+    self._nums = nums
 
-    def module_fn(params, args, seed):
-      if has_aux:
-        loss, vjp, aux = jax.vjp(lambda p: fun(p, *args), params, has_aux=True)
-      else:
-        loss, vjp = jax.vjp(lambda p: fun(p, *args), params)
-        aux = None
-      (grads,) = vjp(seed.astype(jnp.result_type(loss)))
-      return loss, aux, prog.mark_gradients(grads)
+    def module_fn(diff, rest, seed):
+      def loss_of(d):
+        args = self._merge(d, rest)
+        return fun(*args)
+      loss, aux, grads = _grad_of_floats(loss_of, diff, seed,
+                                         has_aux=has_aux, user_fun=fun)
+      return loss, aux, grads
 
     self._inner = jax.jit(module_fn)
     self._outer = jax.jit(self._traced)
 
-  def __call__(self, params, *args, loss_scale: LossScale | None = None):
-    if loss_scale is None:
-      loss_scale = default_loss_scale(self.policy.compute_dtype)
-    return self._outer(params, args, loss_scale)
+  def _merge(self, diff: tuple, rest: tuple) -> list:
+    count = len(diff) + len(rest)
+    diff_iter, rest_iter = iter(diff), iter(rest)
+    return [next(diff_iter) if i in self._nums else next(rest_iter)
+            for i in range(count)]
 
-  def lower(self, params, *args, loss_scale: LossScale | None = None) -> Lowered:
+  def _split(self, args: tuple) -> tuple[tuple, tuple]:
+    for n in self._nums:
+      if not -len(args) <= n < len(args):
+        raise ValueError(f"argnums {self.argnums} out of range for "
+                         f"{len(args)} arguments")
+    nums = {n % len(args) for n in self._nums}
+    self._nums = tuple(sorted(nums))
+    return (tuple(a for i, a in enumerate(args) if i in nums),
+            tuple(a for i, a in enumerate(args) if i not in nums))
+
+  def __call__(self, *args, loss_scale: LossScale | None = None):
     if loss_scale is None:
       loss_scale = default_loss_scale(self.policy.compute_dtype)
-    jax_lowered = self._outer.lower(params, args, loss_scale)
+    return self._outer(args, loss_scale)
+
+  def lower(self, *args, loss_scale: LossScale | None = None) -> Lowered:
+    if loss_scale is None:
+      loss_scale = default_loss_scale(self.policy.compute_dtype)
+    jax_lowered = self._outer.lower(args, loss_scale)
+    diff, rest = self._split(args)
     return Lowered(jax_lowered,
-                   self._programs.get(self._key(params, args, loss_scale)))
+                   self._programs.get(self._key(diff, rest, loss_scale)))
 
-  def _traced(self, params, args, loss_scale):
+  def _traced(self, args, loss_scale):
+    diff, rest = self._split(args)
     seed = jnp.ones((), jnp.float32)
-    export_args = (_spec(params, True), _spec(args, False), _spec(seed, False))
-    flags = _float_flags(params, True) + _float_flags(args, False) + [False]
-    leaves = jax.tree_util.tree_leaves((params, args)) + [seed]
-    program = self._build(self._key(params, args, loss_scale), self._inner,
+    export_args = (_spec(diff, True), _spec(rest, False), _spec(seed, False))
+    flags = _param_flags(diff) + _no_flags(rest) + [False]
+    leaves = _leaves((diff, rest)) + [seed]
+    program = self._build(self._key(diff, rest, loss_scale), self._inner,
                           export_args, flags, len(leaves) - 1, loss_scale)
     outputs, extra = program.call(leaves, loss_scale.state())
     loss, aux, grads = jax.tree_util.tree_unflatten(program.out_tree, outputs)
+    grads = grads[0] if isinstance(self.argnums, int) else grads
     value = (loss, aux) if self.has_aux else loss
-    return (value, grads), extra[0], loss_scale.with_state(extra)
+    return ((value, grads), loss_scale.grads_finite(extra),
+            loss_scale.with_state(extra))
 
 
 def value_and_grad(fun: Callable, policy: Policy | str = "p=f32,c=f16,o=f32",
-                   *, has_aux: bool = False, **options) -> ValueAndGrad:
-  """Like `jax.value_and_grad(fun)` on the first argument, rewritten to
-  `policy` with loss scaling inside the compiled program.
+                   *, argnums: int | Sequence[int] = 0, has_aux: bool = False,
+                   **options) -> ValueAndGrad:
+  """Like `jax.value_and_grad(fun, argnums, has_aux)`, rewritten to `policy`
+  with loss scaling inside the compiled program.
 
-  Returns a function ``vg(params, *args, loss_scale=ls)`` giving
-  ``(loss, grads), grads_finite, new_loss_scale``: gradients unscaled, in f32
-  for f32 parameters; `loss_scale` defaults to `DynamicLossScale()` for f16
-  compute and `NoOpLossScale()` otherwise. `options` are those of
-  `amp.transform` (level, target, keep_f32, force_compute, dot_result).
+  Returns a function ``vg(*args, loss_scale=ls)`` giving
+  ``(value, grads), grads_finite, new_loss_scale``: gradients unscaled, in
+  f32 for f32 arguments; `loss_scale` defaults to `DynamicLossScale()` for
+  f16 compute and `NoOpLossScale()` otherwise. `options` are those of
+  `amp.transform` (level, target, keep_f32, force_compute, dot_result,
+  storage).
 
   >>> import jax.numpy as jnp, stablehlo_amp as amp
   >>> vg = amp.value_and_grad(lambda w, x: jnp.sum((x @ w) ** 2))
@@ -138,7 +229,8 @@ def value_and_grad(fun: Callable, policy: Policy | str = "p=f32,c=f16,o=f32",
   >>> float(loss), grads.dtype, bool(finite), float(ls.loss_scale)
   (2048.0, dtype('float32'), True, 1024.0)
   """
-  return ValueAndGrad(fun, policy, has_aux=has_aux, **options)
+  return ValueAndGrad(fun, policy, has_aux=has_aux, argnums=argnums,
+                      **options)
 
 
 class TrainState(NamedTuple):
@@ -147,36 +239,74 @@ class TrainState(NamedTuple):
   opt_state: Any
   loss_scale: LossScale
   skipped_steps: jax.Array  # int32: steps skipped for non-finite gradients
+  model_state: Any = None   # e.g. BatchNorm statistics; None if unused
 
 
 class TrainStep(_LossScaledProgram):
   """`amp.train_step(...)`: ``state = step.init(params)``, then
   ``state, metrics = step(state, batch)``."""
 
-  def __init__(self, loss_fn: Callable, optimizer: "optax.GradientTransformation",
+  def __init__(self, loss_fn: Callable,
+               optimizer: "optax.GradientTransformation",
                policy: Policy | str, loss_scale: LossScale | None,
-               donate: bool, **options):
+               donate: bool, has_aux: bool, **options):
     super().__init__(loss_fn, policy, options)
     self.optimizer = optimizer
+    self.has_aux = has_aux
+    self.donate = donate
     self._initial_loss_scale = (loss_scale if loss_scale is not None else
                                 default_loss_scale(self.policy.compute_dtype))
-
-    import optax  # only the training step needs it
-
-    def module_fn(params, opt_state, batch, seed):
-      loss, vjp = jax.vjp(lambda p: loss_fn(p, batch), params)
-      (grads,) = vjp(seed.astype(jnp.result_type(loss)))
-      grads = prog.mark_gradients(grads)
-      updates, opt_state = optimizer.update(grads, opt_state, params)
-      return loss, optax.apply_updates(params, updates), opt_state
-
-    self._inner = jax.jit(module_fn)
+    self._inner_with_state = jax.jit(self._module_fn(with_state=True))
+    self._inner_without_state = jax.jit(self._module_fn(with_state=False))
     self._outer = jax.jit(self._traced, donate_argnums=(0,) if donate else ())
 
-  def init(self, params: Any) -> TrainState:
-    """The first state: parameters, optimizer state, loss-scale state."""
-    return TrainState(params, self.optimizer.init(params),
-                      self._initial_loss_scale, jnp.zeros((), jnp.int32))
+  def _module_fn(self, with_state: bool) -> Callable:
+    import optax  # only the training step needs it
+    loss_fn, has_aux = self.fun, self.has_aux
+
+    def module_fn(params, opt_state, model_state, batch, seed):
+      if with_state:
+        def loss_of(p):
+          loss, out = loss_fn(p, model_state, batch)
+          new_state, aux = out if has_aux else (out, None)
+          return loss, (new_state, aux)
+        loss, (new_state, aux), grads = _grad_of_floats(
+            loss_of, params, seed, has_aux=True, user_fun=loss_fn)
+      else:
+        loss, aux, grads = _grad_of_floats(
+            lambda p: loss_fn(p, batch), params, seed, has_aux=has_aux,
+            user_fun=loss_fn)
+        new_state = None
+      # The optimizer works on f32 values of the parameters.
+      full = jax.tree_util.tree_map(
+          lambda x: x.astype(jnp.float32) if _is_float(x) and
+          jnp.dtype(x.dtype) != jnp.dtype(jnp.float64) else x, params)
+      updates, opt_state = self.optimizer.update(grads, opt_state, full)
+      new_params = optax.apply_updates(full, updates)
+      # Non-float leaves (integer counters) pass through unchanged.
+      new_params = jax.tree_util.tree_map(
+          lambda new, old: new if _is_float(old) else old, new_params, params)
+      return loss, aux, new_params, opt_state, new_state
+
+    return module_fn
+
+  def init(self, params: Any, model_state: Any = None) -> TrainState:
+    """The first state: parameters (in the `p=` dtype), optimizer state
+    (made from f32 parameters), loss-scale state, model state.
+
+    With `donate=True` the step consumes its state, so `init` copies the
+    arrays it is given: the caller's `params` stay valid."""
+    copy = ((lambda x: jnp.array(x, copy=True)) if self.donate else
+            (lambda x: x))
+    params = jax.tree_util.tree_map(copy, params)
+    opt_state = self.optimizer.init(params)
+    params = jax.tree_util.tree_map(
+        lambda x: x.astype(self.policy.param_dtype)
+        if _is_f32(x) or (_is_float(x) and jnp.dtype(x.dtype) !=
+                          jnp.dtype(jnp.float64)) else x, params)
+    model_state = jax.tree_util.tree_map(copy, model_state)
+    return TrainState(params, opt_state, self._initial_loss_scale,
+                      jnp.zeros((), jnp.int32), model_state)
 
   def __call__(self, state: TrainState, batch: Any):
     return self._outer(state, batch)
@@ -187,43 +317,61 @@ class TrainStep(_LossScaledProgram):
 
   def _traced(self, state: TrainState, batch):
     seed = jnp.ones((), jnp.float32)
-    params, opt_state = state.params, state.opt_state
+    params, opt_state, model_state = (state.params, state.opt_state,
+                                      state.model_state)
+    with_state = model_state is not None
+    inner = (self._inner_with_state if with_state else
+             self._inner_without_state)
     export_args = (_spec(params, True), _spec(opt_state, False),
-                   _spec(batch, False), _spec(seed, False))
-    num_params = len(jax.tree_util.tree_leaves(params))
-    num_opt = len(jax.tree_util.tree_leaves(opt_state))
-    flags = (_float_flags(params, True) + _float_flags(opt_state, False) +
-             _float_flags(batch, False) + [False])
-    leaves = jax.tree_util.tree_leaves((params, opt_state, batch)) + [seed]
-    # Output leaf 1 + i is the new value of input leaf i (params, then
-    # optimizer state): the pass keeps the old one when gradients overflow.
-    state_leaves = [(1 + i, i) for i in range(num_params + num_opt)]
-    program = self._build(self._key(state, batch), self._inner, export_args,
-                          flags, len(leaves) - 1, state.loss_scale,
-                          state_leaves)
+                   _spec(model_state, False), _spec(batch, False),
+                   _spec(seed, False))
+    flags = (_param_flags(params) + _no_flags(opt_state) +
+             _no_flags(model_state) + _no_flags(batch) + [False])
+    leaves = _leaves((params, opt_state, model_state, batch)) + [seed]
+    # The new parameters, optimizer state and model state are the outputs
+    # after the loss and aux; each is the new value of the input leaf in the
+    # same place, kept only when the gradients are finite.
+    out_shapes = jax.eval_shape(inner, *export_args)
+    loss_aux = len(_leaves(out_shapes[:2]))
+    carried = len(_leaves((params, opt_state, model_state)))
+    state_leaves = [(loss_aux + i, i) for i in range(carried)]
+    program = self._build(self._key(state, batch), inner, export_args, flags,
+                          len(leaves) - 1, state.loss_scale, state_leaves)
     outputs, extra = program.call(leaves, state.loss_scale.state())
-    loss, new_params, new_opt_state = jax.tree_util.tree_unflatten(
-        program.out_tree, outputs)
-    finite = extra[0]
+    loss, aux, new_params, new_opt_state, new_model_state = (
+        jax.tree_util.tree_unflatten(program.out_tree, outputs))
+    finite = state.loss_scale.grads_finite(extra)
     loss_scale = state.loss_scale.with_state(extra)
     skipped = state.skipped_steps + jnp.where(finite, 0, 1).astype(jnp.int32)
     metrics = {"loss": loss, "grads_finite": finite,
                "loss_scale": jnp.asarray(loss_scale.loss_scale, jnp.float32),
                "skipped_steps": skipped}
-    return TrainState(new_params, new_opt_state, loss_scale, skipped), metrics
+    if self.has_aux:
+      metrics["aux"] = aux
+    return TrainState(new_params, new_opt_state, loss_scale, skipped,
+                      new_model_state), metrics
 
 
 def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
                policy: Policy | str = "p=f32,c=f16,o=f32", *,
                loss_scale: LossScale | None = None, donate: bool = False,
-               **options) -> TrainStep:
+               has_aux: bool = False, **options) -> TrainStep:
   """One compiled mixed-precision training step with loss scaling inside.
 
-  `loss_fn(params, batch)` returns a scalar loss. Gradient transformations in
-  `optimizer` (clipping in an optax chain) see unscaled gradients; an
-  overflowed step leaves parameters and optimizer state unchanged and counts
-  in `metrics["skipped_steps"]`. `loss_scale` defaults to
-  `DynamicLossScale()` for f16 compute and `NoOpLossScale()` otherwise.
+  `loss_fn(params, batch)` returns a scalar loss, or ``(loss, aux)`` with
+  ``has_aux=True`` (aux comes back as ``metrics["aux"]``). With model state
+  (BatchNorm statistics), ``state = step.init(params, model_state=...)`` and
+  ``loss_fn(params, model_state, batch)`` returns ``(loss, new_model_state)``
+  or, with ``has_aux=True``, ``(loss, (new_model_state, aux))``.
+
+  Gradient transformations in `optimizer` (clipping in an optax chain) see
+  unscaled gradients. An overflowed step leaves parameters, optimizer state
+  and model state bit-identical and counts in ``metrics["skipped_steps"]``.
+  Non-float leaves of `params` (integer counters) pass through unchanged.
+  ``p=bf16`` stores the parameters in bf16 (the update is computed in f32
+  and rounded once per step; the optimizer state stays f32). `loss_scale`
+  defaults to `DynamicLossScale()` for f16 compute and `NoOpLossScale()`
+  otherwise.
 
   >>> import jax.numpy as jnp, optax, stablehlo_amp as amp
   >>> step = amp.train_step(lambda w, b: jnp.mean((b @ w) ** 2),
@@ -233,16 +381,21 @@ def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
   >>> sorted(metrics), int(metrics["skipped_steps"])
   (['grads_finite', 'loss', 'loss_scale', 'skipped_steps'], 0)
   """
-  return TrainStep(loss_fn, optimizer, policy, loss_scale, donate, **options)
+  return TrainStep(loss_fn, optimizer, policy, loss_scale, donate, has_aux,
+                   **options)
 
 
 class PrecisionHandler:
   """The eformer/MindSpore-style handler, built on the compiler pass.
 
-  `inference_wrapper(fn)` is `amp.transform(fn, policy)`;
-  `training_step_wrapper(loss_fn)` returns ``step(params, *args) ->
-  (loss, grads, grads_finite)`` with the scale applied before
-  differentiation, keeping the loss-scale state in `self.loss_scale`.
+  - `inference_wrapper(fn)` is `amp.transform(fn, policy)`;
+  - `training_step(loss_fn)` is functional and works under `jax.jit`:
+    ``step(params, *args, loss_scale=ls) -> (loss, grads, grads_finite,
+    new_loss_scale)``;
+  - `training_step_wrapper(loss_fn)` keeps the loss-scale state on the
+    handler for eager loops: ``step(params, *args) -> (loss, grads,
+    grads_finite)``. It cannot run under `jax.jit` (the state would be a
+    tracer); it raises a TypeError pointing to `training_step` there.
   """
 
   def __init__(self, policy: Policy | str, loss_scale: LossScale | None = None,
@@ -256,12 +409,28 @@ class PrecisionHandler:
     from stablehlo_amp._src.transform import transform
     return transform(fn, self.policy, **self._options, **jit_options)
 
-  def training_step_wrapper(self, loss_fn: Callable, has_aux: bool = False):
+  def training_step(self, loss_fn: Callable, has_aux: bool = False):
     vg = value_and_grad(loss_fn, self.policy, has_aux=has_aux,
                         **self._options)
 
+    def step(params, *args, loss_scale: LossScale | None = None):
+      loss_scale = self.loss_scale if loss_scale is None else loss_scale
+      (loss, grads), finite, loss_scale = vg(params, *args,
+                                             loss_scale=loss_scale)
+      return loss, grads, finite, loss_scale
+    return step
+
+  def training_step_wrapper(self, loss_fn: Callable, has_aux: bool = False):
+    functional = self.training_step(loss_fn, has_aux)
+
     def step(params, *args):
-      (loss, grads), finite, self.loss_scale = vg(
-          params, *args, loss_scale=self.loss_scale)
+      leaves = jax.tree_util.tree_leaves((params, args))
+      if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        raise TypeError(
+            "PrecisionHandler.training_step_wrapper keeps the loss scale on "
+            "the handler and cannot run under jax.jit or other "
+            "transformations; use handler.training_step(loss_fn), which "
+            "takes and returns the loss scale")
+      loss, grads, finite, self.loss_scale = functional(params, *args)
       return loss, grads, finite
     return step

@@ -1,24 +1,38 @@
 """`amp.transform`: lower a JAX function, rewrite it, recompile it through XLA.
 
-Per input signature the function is exported once (`jax.export`), rewritten
-in process by the C++ passes, verified by jaxlib and called through
-`Exported.call` inside an outer `jax.jit`, so JAX's own cache makes a second
-call with the same signature do no lowering, rewriting or compiling.
+A transformed function is one JAX primitive, `amp_call`, bound on the flat
+leaves of its arguments. Its rules make it a citizen of JAX's
+transformations, each derived program mixed precision in turn:
+
+- evaluation and lowering: the function is exported once per input
+  signature (`jax.export`), rewritten by the C++ passes, verified by jaxlib
+  and inlined where it is called (`Exported.call`);
+- `jax.jvp`: the tangent program ``jvp(fun)`` is transformed the same way;
+  it is linear in the tangents, and its transpose (what `jax.grad` and
+  `jax.vjp` need) is the transformed ``vjp`` program;
+- `jax.vmap`: the batched program ``vmap(fun)`` is transformed.
+
+So `jax.grad(lambda w: fast(w, x).sum())` runs a rewritten forward and a
+rewritten backward program, and nesting works the same way.
 """
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import warnings
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import ad, batching
+from jax.interpreters import mlir as jax_mlir
 
-from stablehlo_amp import _amp
+from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
-from stablehlo_amp._src.policy import Policy, as_policy, check_level
+from stablehlo_amp._src.policy import Policy, as_policy
 from stablehlo_amp._src.program import Timings
 from stablehlo_amp._src.report import Report
 
@@ -35,46 +49,273 @@ def _is_float(x: Any) -> bool:
   return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
 
 
+def _is_f32(x: Any) -> bool:
+  return hasattr(x, "dtype") and np.dtype(x.dtype) == np.dtype(jnp.float32)
+
+
 def _name(fun: Callable) -> str:
   return getattr(fun, "__qualname__", None) or getattr(fun, "__name__", "fun")
 
 
+def _aval_key(avals: Sequence[Any]) -> Hashable:
+  return tuple((tuple(a.shape), np.dtype(a.dtype).str,
+                bool(getattr(a, "weak_type", False))) for a in avals)
+
+
+# -- the primitive -----------------------------------------------------------------
+
+
+class _Spec:
+  """A flat function (leaves in, leaves out) and how to rewrite it; one
+  program per input signature, and one derived spec per transformation."""
+
+  def __init__(self, fun: Callable, *, name: str, policy: Policy,
+               options: pl.RewriteOptions,
+               param_rule: Callable[[Sequence[Any]], list[bool]],
+               linear: tuple[bool, ...] | None = None,
+               in_shardings: Sequence[Any] | None = None,
+               out_shardings: Callable[[], Sequence[Any]] | None = None):
+    self.fun = fun
+    # Per input leaf, and (once the outputs are known) per output leaf: the
+    # shardings the user asked `jax.jit` for, so the export carries them.
+    self.in_shardings = in_shardings
+    self.out_shardings = out_shardings
+    self.name = name
+    self.policy = policy
+    self.options = options
+    self.param_rule = param_rule
+    self.linear = linear
+    self._programs: dict[Hashable, prog.Program] = {}
+    self._children: dict[Hashable, _Spec] = {}
+    self._bind = None
+    self.builds = 0  # programs built (cache misses)
+
+  def program(self, avals: Sequence[Any]) -> prog.Program:
+    key = _aval_key(avals)
+    program = self._programs.get(key)
+    if program is None:
+      flags = self.param_rule(avals)
+      shardings = self.in_shardings or [None] * len(avals)
+      specs = [jax.ShapeDtypeStruct(
+          a.shape, jnp.float32 if flag else a.dtype,
+          weak_type=bool(getattr(a, "weak_type", False)), sharding=sharding)
+               for a, flag, sharding in zip(avals, flags, shardings)]
+      jit_options = {}
+      if self.out_shardings is not None:
+        jax.eval_shape(self.fun, *specs)  # the output structure, for
+        jit_options["out_shardings"] = self.out_shardings()
+      program = prog.build(jax.jit(self.fun, **jit_options), specs, {},
+                           param_flags=flags,
+                           policy=self.policy, options=self.options,
+                           source_name=self.name)
+      self._programs[key] = program
+      self.builds += 1
+    return program
+
+  def cached_program(self, avals: Sequence[Any]) -> prog.Program | None:
+    return self._programs.get(_aval_key(avals))
+
+  def derive(self, key: Hashable, make: Callable[[], "_Spec"]) -> "_Spec":
+    child = self._children.get(key)
+    if child is None:
+      child = self._children[key] = make()
+    return child
+
+  def child(self, fun: Callable, suffix: str,
+            param_rule: Callable[[Sequence[Any]], list[bool]],
+            linear: tuple[bool, ...] | None) -> "_Spec":
+    return _Spec(fun, name=f"{self.name}.{suffix}", policy=self.policy,
+                 options=self.options, param_rule=param_rule, linear=linear)
+
+  def bind_jitted(self) -> Callable:
+    if self._bind is None:
+      self._bind = jax.jit(lambda *args: amp_call_p.bind(*args, spec=self))
+    return self._bind
+
+
+amp_call_p = jax_compat.primitive_class()("amp_call")
+amp_call_p.multiple_results = True
+
+
+def _abstract_eval(*avals, spec: _Spec):
+  return [jax_compat.shaped_array(tuple(a.shape), a.dtype)
+          for a in spec.program(avals).out_avals]
+
+
+def _impl(*args, spec: _Spec):
+  return spec.bind_jitted()(*args)
+
+
+def _lowering(ctx, *args, spec: _Spec):
+  program = spec.program(ctx.avals_in)
+  return jax_mlir.lower_fun(lambda *leaves: program.call(leaves)[0],
+                            multiple_results=True)(ctx, *args)
+
+
+amp_call_p.def_abstract_eval(_abstract_eval)
+amp_call_p.def_impl(_impl)
+jax_mlir.register_lowering(amp_call_p, _lowering)
+
+
+def _jvp_spec(spec: _Spec, float_in: tuple[bool, ...]) -> _Spec:
+  """The tangent program: primals and the float inputs' tangents in, the
+  float outputs' tangents out; linear in the tangents."""
+  n = len(float_in)
+
+  def tangents_fun(*leaves):
+    primals = leaves[:n]
+    given = iter(leaves[n:])
+    tangents = [next(given).astype(p.dtype) if is_float else
+                np.zeros(np.shape(p), jax.dtypes.float0)
+                for p, is_float in zip(primals, float_in)]
+    outputs, out_tangents = jax.jvp(spec.fun, tuple(primals), tuple(tangents))
+    return [t for o, t in zip(outputs, out_tangents) if _is_float(o)]
+
+  def param_rule(avals):
+    return list(spec.param_rule(avals[:n])) + [False] * (len(avals) - n)
+
+  return spec.child(tangents_fun, "jvp", param_rule,
+                    (False,) * n + (True,) * sum(float_in))
+
+
+def _jvp_rule(primals, tangents, *, spec: _Spec):
+  outputs = amp_call_p.bind(*primals, spec=spec)
+  float_in = tuple(bool(jnp.issubdtype(jnp.result_type(p), jnp.floating))
+                   for p in primals)
+  given = [ad.instantiate_zeros(t) for t, is_float in zip(tangents, float_in)
+           if is_float]
+  tangent_spec = spec.derive(("jvp", float_in),
+                             lambda: _jvp_spec(spec, float_in))
+  out_tangents = iter(amp_call_p.bind(*primals, *given, spec=tangent_spec))
+  result = []
+  for output in outputs:
+    if jnp.issubdtype(jnp.result_type(output), jnp.floating):
+      result.append(next(out_tangents).astype(jnp.result_type(output)))
+    else:
+      result.append(jax_compat.zero_tangent(output))
+  return outputs, result
+
+
+def _transpose_spec(spec: _Spec, linear: tuple[bool, ...],
+                    linear_avals: tuple[Any, ...],
+                    num_cotangents: int) -> _Spec:
+  """The transpose of a spec linear in `linear` inputs: the other inputs and
+  the output cotangents in, the linear inputs' cotangents out."""
+  k = linear.count(False)
+
+  def merge(fixed, moving):
+    fixed, moving = iter(fixed), iter(moving)
+    return [next(moving) if is_linear else next(fixed) for is_linear in linear]
+
+  def cotangents_fun(*leaves):
+    fixed, cotangents = leaves[:k], leaves[k:]
+    zeros = [jnp.zeros(a.shape, a.dtype) for a in linear_avals]
+    outputs, vjp = jax.vjp(lambda *moving: spec.fun(*merge(fixed, moving)),
+                           *zeros)
+    cotangents = [c.astype(o.dtype) for c, o in zip(cotangents, outputs)]
+    return list(vjp(list(cotangents)))
+
+  def param_rule(avals):
+    flags = spec.param_rule(merge(avals[:k], linear_avals))
+    return [f for f, is_linear in zip(flags, linear) if not is_linear] + \
+        [False] * (len(avals) - k)
+
+  return spec.child(cotangents_fun, "vjp", param_rule,
+                    (False,) * k + (True,) * num_cotangents)
+
+
+def _transpose_rule(cotangents, *args, spec: _Spec):
+  linear = tuple(ad.is_undefined_primal(a) for a in args)
+  fixed = [a for a, is_linear in zip(args, linear) if not is_linear]
+  linear_avals = tuple(a.aval for a in args if ad.is_undefined_primal(a))
+  cotangents = [ad.instantiate_zeros(c) for c in cotangents]
+  transpose_spec = spec.derive(
+      ("transpose", linear, _aval_key(linear_avals), len(cotangents)),
+      lambda: _transpose_spec(spec, linear, linear_avals, len(cotangents)))
+  results = iter(amp_call_p.bind(*fixed, *cotangents, spec=transpose_spec))
+  return [next(results).astype(a.aval.dtype) if is_linear else None
+          for a, is_linear in zip(args, linear)]
+
+
+def _batch_rule(args, dims, *, spec: _Spec):
+  dims = tuple(d if isinstance(d, int) else None for d in dims)
+
+  def make() -> _Spec:
+    batched = jax.vmap(spec.fun, in_axes=dims, out_axes=0)
+    return spec.child(batched, "vmap", spec.param_rule, spec.linear)
+
+  batched_spec = spec.derive(("vmap", dims), make)
+  outputs = amp_call_p.bind(*args, spec=batched_spec)
+  return outputs, [0] * len(outputs)
+
+
+ad.primitive_jvps[amp_call_p] = _jvp_rule
+ad.primitive_transposes[amp_call_p] = _transpose_rule
+batching.primitive_batchers[amp_call_p] = _batch_rule
+
+
+# -- transform ---------------------------------------------------------------------
+
+
 class _Arguments:
   """Which arguments of `fun` a set of numbers and names selects, whether they
-  are passed by position or by keyword (as `jax.jit` resolves them)."""
+  are passed by position or by keyword (as `jax.jit` resolves them).
+  Negative numbers count from the end of the positional parameters."""
 
   def __init__(self, fun: Callable, nums: Iterable[int], names: Iterable[str]):
-    nums, names = set(nums), set(names)
-    try:
-      parameters = list(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-      parameters = []
+    parameters = _parameters(fun)
     positional = [p.name for p in parameters
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     keyword_ok = {p.name for p in parameters
                   if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    nums = {n + len(positional) if n < 0 and positional else n for n in nums}
+    names = set(names)
     nums |= {positional.index(n) for n in names if n in positional}
     names |= {positional[i] for i in nums
-              if i < len(positional) and positional[i] in keyword_ok}
+              if 0 <= i < len(positional) and positional[i] in keyword_ok}
     self.nums, self.names = tuple(sorted(nums)), tuple(sorted(names))
 
   def __contains__(self, key: int | str) -> bool:
     return key in (self.nums if isinstance(key, int) else self.names)
 
 
-def _signature(leaves: Sequence[Any], treedef, statics: Hashable) -> Hashable:
-  avals = tuple((tuple(a.shape), str(a.dtype), bool(a.weak_type))
-                for a in map(jax.typeof, leaves))
-  return treedef, avals, statics
+def _parameters(fun: Callable) -> list[inspect.Parameter]:
+  try:
+    return list(inspect.signature(fun).parameters.values())
+  except (TypeError, ValueError):
+    return []
+
+
+def _check_params(fun: Callable, params: tuple) -> None:
+  """Names in `params=` must name arguments; ValueError lists the nearest."""
+  parameters = _parameters(fun)
+  if not parameters or any(p.kind == p.VAR_KEYWORD for p in parameters):
+    return
+  accepted = [p.name for p in parameters if p.kind != p.VAR_POSITIONAL]
+  for name in params:
+    if isinstance(name, str) and name not in accepted:
+      nearest = difflib.get_close_matches(name, accepted, n=3, cutoff=0) or \
+          accepted
+      raise ValueError(f"params names {name!r}, which is not an argument of "
+                       f"{_name(fun)} (nearest: {', '.join(nearest)})")
+  positional = [p for p in parameters if p.kind in (
+      p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+    return
+  for index in params:
+    if isinstance(index, int) and not -len(positional) <= index < len(
+        positional):
+      raise ValueError(f"params names argument {index}, but {_name(fun)} "
+                       f"takes {len(positional)} positional arguments")
 
 
 class Lowered:
   """A rewritten function lowered for one signature, before compilation."""
 
-  def __init__(self, jax_lowered: jax.stages.Lowered,
-               program: prog.Program | None):
+  def __init__(self, jax_lowered: Any, program: prog.Program | None):
     self._jax_lowered = jax_lowered
     self._program = program
+    self._compiled = None
 
   def as_text(self, debug_info: bool = False) -> str:
     """The rewritten module, pretty StableHLO (the original one if the
@@ -84,17 +325,32 @@ class Lowered:
     return self._program.result.text("pretty", debug_info)
 
   def report(self) -> Report | None:
-    """What was lowered, kept f32 and why; None if the rewrite fell back."""
-    return self._program.result.report if self._program else None
+    """What was lowered, kept f32 and why, and what is stored low (with
+    XLA's memory figures once `compile()` ran); None if the rewrite fell
+    back. Built on first call."""
+    if self._program is None:
+      return None
+    report = self._program.result.report
+    if self._compiled is not None and report is not None:
+      memory = self._compiled.memory_analysis()
+      if memory is not None:
+        report = report.with_memory({
+            "arguments": memory.argument_size_in_bytes,
+            "outputs": memory.output_size_in_bytes,
+            "aliased": memory.alias_size_in_bytes,
+            "temporaries": memory.temp_size_in_bytes})
+    return report
 
   @property
   def timings(self) -> Timings:
     """Seconds spent exporting and rewriting (XLA compile: time `compile`)."""
     return self._program.timings if self._program else Timings()
 
-  def compile(self) -> jax.stages.Compiled:
+  def compile(self) -> Any:
     """The XLA executable (`memory_analysis()`, `as_text()`, ...)."""
-    return self._jax_lowered.compile()
+    if self._compiled is None:
+      self._compiled = self._jax_lowered.compile()
+    return self._compiled
 
 
 class Transformed:
@@ -104,9 +360,9 @@ class Transformed:
   """
 
   def __init__(self, fun: Callable, policy: Policy, *, params: tuple | None,
-               options: dict, static_argnums: tuple, static_argnames: tuple,
-               donate_argnums: tuple, donate_argnames: tuple,
-               in_shardings: Any, out_shardings: Any):
+               options: pl.RewriteOptions, static_argnums: tuple,
+               static_argnames: tuple, donate_argnums: tuple,
+               donate_argnames: tuple, in_shardings: Any, out_shardings: Any):
     self.fun = fun
     self.policy = policy
     self._options = options
@@ -121,12 +377,19 @@ class Transformed:
       jit_options["in_shardings"] = in_shardings
     if out_shardings is not None:
       jit_options["out_shardings"] = out_shardings
+    self._in_shardings, self._out_shardings = in_shardings, out_shardings
     self._inner = jax.jit(fun, **jit_options)
     self._outer = jax.jit(self._traced, donate_argnums=donate.nums,
                           donate_argnames=donate.names, **jit_options)
-    # Rewritten programs by signature (None: fell back to the original).
-    self._programs: dict[Hashable, prog.Program | None] = {}
-    self.rewrite_count = 0  # signatures rewritten so far (cache misses)
+    self._specs: dict[Hashable, tuple[_Spec, list]] = {}
+
+  @property
+  def rewrite_count(self) -> int:
+    """Programs built so far for this function and what was derived from it
+    (cache misses)."""
+    def count(spec: _Spec) -> int:
+      return spec.builds + sum(count(c) for c in spec._children.values())
+    return sum(count(spec) for spec, _ in self._specs.values())
 
   def __call__(self, *args, **kwargs):
     return self._outer(*args, **kwargs)
@@ -134,7 +397,9 @@ class Transformed:
   def lower(self, *args, **kwargs) -> Lowered:
     """Lowers and rewrites for these arguments without running."""
     jax_lowered = self._outer.lower(*args, **kwargs)
-    return Lowered(jax_lowered, self._programs.get(self._key(args, kwargs)))
+    leaves, spec, _ = self._flat(args, kwargs)
+    return Lowered(jax_lowered, spec.cached_program(
+        [jax_compat.aval_of(x) for x in leaves]) if spec else None)
 
   # -- tracing -------------------------------------------------------------
 
@@ -147,85 +412,105 @@ class Transformed:
                             if k in self._static)))
     return dynamic_args, dynamic_kwargs, statics
 
-  def _key(self, args: Sequence, kwargs: dict) -> Hashable:
+  def _flat(self, args: Sequence, kwargs: dict):
+    """The flat dynamic leaves, their spec (None if not made yet) and the
+    key of the spec."""
     dynamic_args, dynamic_kwargs, statics = self._split(args, kwargs)
     leaves, treedef = jax.tree_util.tree_flatten((dynamic_args,
                                                   dynamic_kwargs))
-    return _signature(leaves, treedef, statics)
+    key = (treedef, statics)
+    entry = self._specs.get(key)
+    return leaves, entry[0] if entry else None, key
 
-  def _param_flags(self, args: Sequence, kwargs: dict) -> list[bool]:
-    """Per dynamic leaf: is it a parameter (gets the `p=` dtype)?"""
-    def flags(tree, selected: bool):
-      return jax.tree_util.tree_map(lambda x: selected and _is_float(x), tree)
+  def _param_mask(self, args: Sequence, kwargs: dict) -> list[bool]:
+    """Per dynamic leaf: is it in an argument `params=` selects (all of them
+    when `params` is not given)?"""
     chosen = self._params
-    args_flags = [flags(a, chosen is None or i in chosen)
-                  for i, a in enumerate(args) if i not in self._static]
-    kwargs_flags = {k: flags(v, chosen is None or k in chosen)
-                    for k, v in kwargs.items() if k not in self._static}
-    return jax.tree_util.tree_leaves((args_flags, kwargs_flags))
+    def mask(tree, selected: bool):
+      return jax.tree_util.tree_map(lambda _: selected, tree)
+    args_mask = [mask(a, chosen is None or i in chosen)
+                 for i, a in enumerate(args) if i not in self._static]
+    kwargs_mask = {k: mask(v, chosen is None or k in chosen)
+                   for k, v in kwargs.items() if k not in self._static}
+    return jax.tree_util.tree_leaves((args_mask, kwargs_mask))
 
-  def _export_args(self, args: Sequence, kwargs: dict, flags: Sequence[bool]):
-    """Abstract arguments for jax.export: parameters as f32 (the policy's
-    full precision), static arguments as they are."""
-    flag_iter = iter(flags)
-    def spec(x):
-      dtype = jnp.float32 if next(flag_iter) else x.dtype
-      return jax.ShapeDtypeStruct(x.shape, dtype,
-                                  weak_type=getattr(x, "weak_type", False))
-    dynamic_args, dynamic_kwargs, _ = self._split(args, kwargs)
-    specs_args, specs_kwargs = jax.tree_util.tree_map(
-        spec, (dynamic_args, dynamic_kwargs))
-    specs_args = iter(specs_args)
-    export_args = [a if i in self._static else next(specs_args)
-                   for i, a in enumerate(args)]
-    export_kwargs = {k: v if k in self._static else specs_kwargs[k]
-                     for k, v in kwargs.items()}
-    return export_args, export_kwargs
+  def _spec(self, args: Sequence, kwargs: dict) -> tuple[_Spec, list]:
+    leaves, spec, key = self._flat(args, kwargs)
+    if spec is not None:
+      return spec, self._specs[key][1]
+    treedef, statics = key
+    static_args = dict(statics[0])
+    static_kwargs = dict(statics[1])
+    out_trees: list = []
+    fun = self.fun
+
+    def flat_fun(*flat_leaves):
+      dynamic_args, dynamic_kwargs = jax.tree_util.tree_unflatten(
+          treedef, flat_leaves)
+      dynamic = iter(dynamic_args)
+      count = len(dynamic_args) + len(static_args)
+      call_args = [static_args[i] if i in static_args else next(dynamic)
+                   for i in range(count)]
+      outputs = fun(*call_args, **dynamic_kwargs, **static_kwargs)
+      out_leaves, out_tree = jax.tree_util.tree_flatten(outputs)
+      out_trees[:] = [out_tree]
+      return out_leaves
+
+    mask = self._param_mask(args, kwargs)
+    explicit = self._params is not None
+
+    def param_rule(avals):
+      # Only f32 values take the policy, unless named in params=.
+      return [selected and (_is_float(a) if explicit else _is_f32(a))
+              for selected, a in zip(mask, avals)]
+
+    def leaf_shardings(prefix: Any, tree: Any) -> list:
+      """A sharding per leaf of `tree`, from a pytree prefix of it."""
+      if prefix is None:
+        return [None] * len(jax.tree_util.tree_leaves(tree))
+      per_subtree = jax.tree_util.tree_map(
+          lambda sharding, subtree: [sharding] * len(
+              jax.tree_util.tree_leaves(subtree)),
+          prefix, tree, is_leaf=lambda x: x is None)
+      return [s for group in jax.tree_util.tree_leaves(
+          per_subtree, is_leaf=lambda x: isinstance(x, list)) for s in group]
+
+    in_shardings = out_shardings = None
+    if self._in_shardings is not None:
+      dynamic_args, dynamic_kwargs, _ = self._split(args, kwargs)
+      in_shardings = (leaf_shardings(tuple(self._in_shardings)
+                                     if isinstance(self._in_shardings, list)
+                                     else self._in_shardings,
+                                     tuple(dynamic_args)) +
+                      [None] * len(jax.tree_util.tree_leaves(dynamic_kwargs)))
+    if self._out_shardings is not None:
+      out_prefix = self._out_shardings
+      out_shardings = lambda: leaf_shardings(
+          out_prefix, jax.tree_util.tree_unflatten(
+              out_trees[0], [0] * out_trees[0].num_leaves))
+
+    spec = _Spec(flat_fun, name=_name(self.fun), policy=self.policy,
+                 options=self._options, param_rule=param_rule,
+                 in_shardings=in_shardings, out_shardings=out_shardings)
+    self._specs[key] = (spec, out_trees)
+    return spec, out_trees
 
   def _traced(self, *args, **kwargs):
-    self.rewrite_count += 1
-    key = self._key(args, kwargs)
-    flags = self._param_flags(args, kwargs)
-    export_args, export_kwargs = self._export_args(args, kwargs, flags)
+    spec, out_trees = self._spec(args, kwargs)
+    leaves, _, _ = self._flat(args, kwargs)
+    avals = [jax_compat.aval_of(x) for x in leaves]
     try:
-      program = prog.build(self._inner, export_args, export_kwargs,
-                           param_flags=flags, policy=self.policy,
-                           options=self._options, source_name=_name(self.fun))
+      spec.program(avals)
     except pl.VerificationError:
       raise
     except pl.RewriteError as error:
       # Never a wrong result: the original program runs, and we say why.
       warnings.warn(f"stablehlo-amp: cannot rewrite {_name(self.fun)} "
                     f"({error}); running the original program",
-                    stacklevel=2)
-      self._programs[key] = None
+                    stacklevel=3)
       return self._inner(*args, **kwargs)
-    self._programs[key] = program
-    dynamic_args, dynamic_kwargs, _ = self._split(args, kwargs)
-    outputs, _ = program.call(
-        jax.tree_util.tree_leaves((dynamic_args, dynamic_kwargs)))
-    return jax.tree_util.tree_unflatten(program.out_tree, outputs)
-
-
-def check_options(level: str, target: str | None, dot_result: str,
-                  keep_f32: Iterable[str],
-                  force_compute: Iterable[str]) -> dict:
-  """Validates rewrite options up front (ValueError names the bad one)."""
-  level = check_level(level)
-  if target is not None and target not in pl.TARGETS:
-    raise ValueError(f"unknown target {target!r} (accepted: "
-                     f"{', '.join(pl.TARGETS)})")
-  if dot_result not in pl.DOT_RESULTS:
-    raise ValueError(f"unknown dot_result {dot_result!r} (accepted: "
-                     f"{', '.join(pl.DOT_RESULTS)})")
-  keep_f32, force_compute = tuple(keep_f32), tuple(force_compute)
-  qualify = _amp.qualified_op_name  # the pass's own reading of the names
-  both = {qualify(n) for n in keep_f32} & {qualify(n) for n in force_compute}
-  if both:
-    raise ValueError(f"ops named in both keep_f32 and force_compute: "
-                     f"{', '.join(sorted(both))}")
-  return dict(level=level, target=target, keep_f32=keep_f32,
-              force_compute=force_compute, dot_result=dot_result)
+    outputs = amp_call_p.bind(*leaves, spec=spec)
+    return jax.tree_util.tree_unflatten(out_trees[0], outputs)
 
 
 def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
@@ -235,29 +520,36 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
               donate_argnames: str | Iterable[str] | None = None,
               in_shardings: Any = None, out_shardings: Any = None,
               params: int | str | Iterable[int | str] | None = None,
-              level: str = "O2", target: str | None = None,
-              keep_f32: Iterable[str] = (), force_compute: Iterable[str] = (),
-              dot_result: str = "f32") -> Transformed:
+              level: str | None = None, target: str | None = None,
+              keep_f32: str | Iterable[str] = (),
+              force_compute: str | Iterable[str] = (),
+              dot_result: str | None = None,
+              storage: str | None = None) -> Transformed:
   """Rewrites `fun` to a mixed-precision policy; use it like `jax.jit(fun)`.
 
   Args:
-    fun: the function, as you would pass it to `jax.jit`.
+    fun: the function, as you would pass it to `jax.jit` (a `jax.jit`-wrapped
+      function lends its static and donated arguments).
     policy: a `Policy` or its text, ``"p=f32,c=bf16,o=f32"``.
     static_argnums, static_argnames, donate_argnums, donate_argnames,
       in_shardings, out_shardings: as for `jax.jit`.
     params: the arguments (positions or names) that are parameters and take
-      the ``p=`` dtype; default: every float input.
+      the ``p=`` dtype; default: every f32 input. Inputs in other dtypes
+      (f64, f16, bf16) keep their dtype unless named here.
     level: ``O0`` (no change) to ``O3`` (every float op in the compute dtype);
-      ``O2`` paints.
+      ``O2`` (default) paints.
     target: ``cpu``, ``gpu`` or ``tpu``; default: `jax.default_backend()`.
     keep_f32, force_compute: op names to keep f32 / force into the compute
-      dtype (``"tanh"`` or ``"stablehlo.tanh"``).
+      dtype (``"tanh"`` or ``"stablehlo.tanh"``; a string is one name).
     dot_result: ``"f32"`` (f32 accumulation, default) or ``"compute"``.
+    storage: ``"f32"`` or ``"compute"``: whether large f32 results that are
+      read again later are stored rounded to the compute dtype (default: the
+      target's).
 
-  The result composes with `jax.jit` and shardings; `jax.vmap` and `jax.grad`
-  of it are not supported (differentiate first, then transform the step).
-  Functions `jax.export` cannot export (host callbacks) run unchanged, with a
-  warning.
+  The result composes with `jax.jit`, `jax.grad`, `jax.vjp`, `jax.jvp` and
+  `jax.vmap`: each derived program is exported and rewritten with the same
+  policy. Functions `jax.export` cannot export (host callbacks) run
+  unchanged, with a warning.
 
   >>> import jax, jax.numpy as jnp, stablehlo_amp as amp
   >>> fast = amp.transform(lambda w, x: jnp.tanh(x @ w), "p=f32,c=bf16,o=f32")
@@ -272,11 +564,23 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
   policy = as_policy(policy)
   if not callable(fun):
     raise TypeError(f"transform expects a callable, got {type(fun).__name__}")
-  options = check_options(level, target, dot_result, keep_f32, force_compute)
+  inherited = jax_compat.jit_options(fun)
+  if inherited:
+    fun = jax_compat.unwrap_jit(fun)
+  options = pl.RewriteOptions.make(
+      level=level, target=target, dot_result=dot_result, storage=storage,
+      keep_f32=keep_f32, force_compute=force_compute)
+  params_tuple = None if params is None else _as_tuple(params)
+  if params_tuple is not None:
+    _check_params(fun, params_tuple)
+
+  def merged(name: str, given: Any) -> tuple:
+    return tuple(dict.fromkeys(_as_tuple(given) + inherited.get(name, ())))
+
   return Transformed(
-      fun, policy, params=None if params is None else _as_tuple(params),
-      options=options, static_argnums=_as_tuple(static_argnums),
-      static_argnames=_as_tuple(static_argnames),
-      donate_argnums=_as_tuple(donate_argnums),
-      donate_argnames=_as_tuple(donate_argnames), in_shardings=in_shardings,
-      out_shardings=out_shardings)
+      fun, policy, params=params_tuple, options=options,
+      static_argnums=merged("static_argnums", static_argnums),
+      static_argnames=merged("static_argnames", static_argnames),
+      donate_argnums=merged("donate_argnums", donate_argnums),
+      donate_argnames=merged("donate_argnames", donate_argnames),
+      in_shardings=in_shardings, out_shardings=out_shardings)

@@ -1,0 +1,148 @@
+//===- Contract.h - What the passes and their front ends agree on ---------===//
+//
+// Everything the C++ passes and the Python package must agree on lives here
+// and only here: amp's own attribute names (markers the front ends set, the
+// ones the passes add), the loss-scale configuration (defaults, validation,
+// and the arguments and results the pass appends, in order), and the
+// decision kinds and reasons of the report. The extension exports all of it,
+// together with the policy vocabulary of Policy.h and the pass options, as
+// one JSON document (`contractJson`) that Python reads instead of copying.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef STABLEHLO_AMP_CONTRACT_H
+#define STABLEHLO_AMP_CONTRACT_H
+
+#include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
+
+#include <cstdint>
+#include <string>
+
+namespace mlir::amp {
+
+//===----------------------------------------------------------------------===//
+// amp's attributes
+//===----------------------------------------------------------------------===//
+
+namespace attr {
+/// Argument attribute: this f32 argument of a public function is not a
+/// parameter and keeps its dtype. Consumed by amp-insert-converts.
+inline constexpr llvm::StringLiteral kKeepDtype = "amp.keep_dtype";
+/// Argument attribute: the loss cotangent seed. Consumed by amp-loss-scale.
+inline constexpr llvm::StringLiteral kLossSeed = "amp.loss_seed";
+/// Result attribute: this result is a gradient. Consumed by amp-loss-scale.
+inline constexpr llvm::StringLiteral kGradient = "amp.gradient";
+/// Result attribute `amp.state_of = N`: this result is the new value of
+/// argument N (kept only on finite steps). Consumed by amp-loss-scale, and
+/// read by amp-insert-converts, which gives such a result its argument's
+/// dtype.
+inline constexpr llvm::StringLiteral kStateOf = "amp.state_of";
+/// The custom call a front end wraps gradients in so amp-loss-scale finds
+/// them anywhere in a step; the pass removes it.
+inline constexpr llvm::StringLiteral kGradientsCall = "stablehlo_amp.gradients";
+/// Argument and result attributes amp-loss-scale puts on what it appends.
+inline constexpr llvm::StringLiteral kLossScale = "amp.loss_scale";
+inline constexpr llvm::StringLiteral kLossScaleCounter =
+    "amp.loss_scale_counter";
+inline constexpr llvm::StringLiteral kGradsFinite = "amp.grads_finite";
+/// With `report=true`: the decision taken for an op (a dictionary with
+/// `precision`, `reason`, and optionally `detail`, `group`, `stored`,
+/// `gemm`), and a unit attribute on each convert the pass inserted. Read and
+/// removed by the extension's report.
+inline constexpr llvm::StringLiteral kDecision = "amp.decision";
+inline constexpr llvm::StringLiteral kInserted = "amp.inserted";
+} // namespace attr
+
+//===----------------------------------------------------------------------===//
+// Loss scaling
+//===----------------------------------------------------------------------===//
+
+enum class LossScaleMode { Dynamic, Static, None };
+llvm::ArrayRef<llvm::StringRef> lossScaleModeNames();
+llvm::Expected<LossScaleMode> parseLossScaleMode(llvm::StringRef text);
+llvm::StringRef lossScaleModeName(LossScaleMode mode);
+
+/// The dynamic loss-scale rule's configuration. The defaults are PyTorch
+/// GradScaler's, with jmp's floor and a ceiling of 2**24.
+struct LossScaleConfig {
+  LossScaleMode mode = LossScaleMode::Dynamic;
+  int64_t growthInterval = 2000;
+  double growthFactor = 2.0;
+  double backoffFactor = 0.5;
+  double minScale = 1.0;
+  double maxScale = 16777216.0; // 2**24
+};
+/// The scale a front end starts from when none is given (2**15).
+inline constexpr double kInitialLossScale = 32768.0;
+
+/// Checks a configuration; the error names the bad field (in the pass-option
+/// spelling, or with `pythonNames` as the Python keyword) and what it must
+/// be. The pass and the Python constructors both call this.
+llvm::Error validateLossScale(const LossScaleConfig &config,
+                              bool pythonNames = false);
+
+/// What a loss-scale mode appends to `main`, in order: argument roles after
+/// the existing arguments, result roles after the existing results. Roles
+/// are the attribute names the pass sets on them (attr::kLossScale, ...).
+struct LossScaleLayout {
+  llvm::SmallVector<llvm::StringRef> arguments;
+  llvm::SmallVector<llvm::StringRef> results;
+};
+LossScaleLayout lossScaleLayout(LossScaleMode mode);
+
+//===----------------------------------------------------------------------===//
+// Decisions
+//===----------------------------------------------------------------------===//
+
+/// What happened to an op's float values.
+enum class Precision {
+  Low,       ///< computes in the compute dtype
+  Full,      ///< stays in f32
+  Unchanged, ///< has float values but none in f32: the policy does not apply
+};
+llvm::StringRef precisionId(Precision precision);
+
+/// Why. Each reason has a stable id (what the report carries) and a text
+/// (what people read).
+enum class Reason {
+  // Low precision.
+  MatrixMultiply,
+  MatrixMultiplyCompute,
+  BetweenLowOps,
+  FeedsLowOps,
+  InputsLow,
+  LevelO3,
+  ForceCompute,
+  // f32.
+  NumericallySensitive,
+  ConsumesSensitive,
+  NotBetweenLowOps,
+  KeepF32,
+  DiscreteDecision,
+  LinearAlgebra,
+  Calibration,
+  CpuConvolution,
+  CpuDynamicDot,
+  DotAlgorithm,
+  Fixed,
+  // Unchanged.
+  NoF32Values,
+};
+llvm::StringRef reasonId(Reason reason);
+llvm::StringRef reasonText(Reason reason);
+llvm::ArrayRef<Reason> allReasons();
+
+//===----------------------------------------------------------------------===//
+// The whole contract, for the extension
+//===----------------------------------------------------------------------===//
+
+/// The contract as JSON: policy vocabulary, option choices and defaults of
+/// every pass, attribute names, loss-scale defaults and layouts, decision
+/// kinds and reasons, and the StableHLO op names options may mention.
+std::string contractJson();
+
+} // namespace mlir::amp
+
+#endif // STABLEHLO_AMP_CONTRACT_H

@@ -1,0 +1,93 @@
+//===- CpuDotLayout.cpp - The one mixed-precision dot form XLA:CPU runs ---===//
+
+#include "CpuDotLayout.h"
+#include "StableHLO.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+
+using namespace mlir;
+using namespace mlir::amp;
+
+namespace {
+
+/// One operand's dimensions in canonical order ([batch..., free...,
+/// contracting...]) and the sizes of the three collapsed dimensions.
+struct CanonicalLayout {
+  llvm::SmallVector<int64_t> permutation;
+  int64_t batch = 1, free = 1, contracting = 1;
+};
+
+CanonicalLayout layoutOf(RankedTensorType type, llvm::ArrayRef<int64_t> batch,
+                         llvm::ArrayRef<int64_t> contracting) {
+  CanonicalLayout layout;
+  for (int64_t d : batch) {
+    layout.permutation.push_back(d);
+    layout.batch *= type.getDimSize(d);
+  }
+  for (int64_t d = 0; d < type.getRank(); ++d)
+    if (!llvm::is_contained(batch, d) && !llvm::is_contained(contracting, d)) {
+      layout.permutation.push_back(d);
+      layout.free *= type.getDimSize(d);
+    }
+  for (int64_t d : contracting) {
+    layout.permutation.push_back(d);
+    layout.contracting *= type.getDimSize(d);
+  }
+  return layout;
+}
+
+/// `operand` transposed to `layout` and collapsed to [batch, free, contract].
+Value canonicalOperand(OpBuilder &builder, Location loc, Value operand,
+                       const CanonicalLayout &layout) {
+  bool identity = llvm::all_of(llvm::enumerate(layout.permutation),
+                               [](auto pair) {
+                                 return static_cast<int64_t>(pair.index()) ==
+                                        pair.value();
+                               });
+  if (!identity)
+    operand = shlo::buildTranspose(builder, loc, operand, layout.permutation);
+  llvm::SmallVector<int64_t> shape = {layout.batch, layout.free,
+                                      layout.contracting};
+  if (cast<RankedTensorType>(operand.getType()).getShape() !=
+      llvm::ArrayRef<int64_t>(shape))
+    operand = shlo::buildReshape(builder, loc, operand, shape);
+  return operand;
+}
+
+} // namespace
+
+Operation *mlir::amp::canonicalizeDotForCpu(Operation *dot) {
+  std::optional<shlo::DotDimensions> dims = shlo::getDotDimensions(dot);
+  auto lhsType = dyn_cast<RankedTensorType>(dot->getOperand(0).getType());
+  auto rhsType = dyn_cast<RankedTensorType>(dot->getOperand(1).getType());
+  auto resultType = dyn_cast<RankedTensorType>(dot->getResult(0).getType());
+  if (!dims || !lhsType || !rhsType || !resultType ||
+      !lhsType.hasStaticShape() || !rhsType.hasStaticShape())
+    return nullptr;
+  CanonicalLayout lhs = layoutOf(lhsType, dims->lhsBatch, dims->lhsContracting);
+  CanonicalLayout rhs = layoutOf(rhsType, dims->rhsBatch, dims->rhsContracting);
+  if (lhs.batch != rhs.batch || lhs.contracting != rhs.contracting)
+    return nullptr;
+
+  OpBuilder builder(dot);
+  Location loc = dot->getLoc();
+  Operation *barrier = shlo::buildOptimizationBarrier(
+      builder, loc,
+      ValueRange{canonicalOperand(builder, loc, dot->getOperand(0), lhs),
+                 canonicalOperand(builder, loc, dot->getOperand(1), rhs)});
+  shlo::DotDimensions canonicalDims;
+  canonicalDims.lhsBatch = canonicalDims.rhsBatch = {0};
+  canonicalDims.lhsContracting = canonicalDims.rhsContracting = {2};
+  Type canonicalResult = RankedTensorType::get(
+      {lhs.batch, lhs.free, rhs.free}, resultType.getElementType());
+  Value result = shlo::buildDotGeneral(builder, dot, barrier->getResult(0),
+                                       barrier->getResult(1), canonicalDims,
+                                       canonicalResult);
+  Operation *newDot = result.getDefiningOp();
+  if (canonicalResult != resultType)
+    result = shlo::buildReshape(builder, loc, result, resultType.getShape());
+  dot->getResult(0).replaceAllUsesWith(result);
+  dot->erase();
+  return newDot;
+}

@@ -1,0 +1,663 @@
+//===- PrecisionAnalysis.cpp - Decide the precision of every value --------===//
+//
+// The painting follows TF grappler's auto_mixed_precision (deny propagates
+// forward, infer/clear ops between two allow ops go low, clear ops follow
+// their neighbours), adapted to f32-accumulating dots: an allow op's result
+// stays f32 and is rounded only where a low-precision consumer needs it.
+// Before painting, the values that feed discrete decisions or linear algebra
+// are pinned to f32 back through their producers; after it, large f32
+// results that are read again far away are marked for low-precision storage.
+//
+//===----------------------------------------------------------------------===//
+
+#include "PrecisionAnalysis.h"
+#include "StableHLO.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinTypes.h"
+
+using namespace mlir;
+using namespace mlir::amp;
+
+namespace {
+/// Values smaller than this are never stored low: per-row statistics and
+/// scalars cost nothing to keep in f32 (see Passes.td).
+constexpr int64_t kStorageMinElements = 4096;
+} // namespace
+
+PrecisionAnalysis::PrecisionAnalysis(ModuleOp module,
+                                     const PrecisionOptions &options)
+    : opts(options) {
+  MLIRContext *context = module.getContext();
+  full = Float32Type::get(context);
+  compute = dtypeType(context, options.policy.compute);
+  param = dtypeType(context, options.policy.param);
+  output = dtypeType(context, options.policy.output);
+  if (options.level == Level::O0)
+    return;
+  collect(module);
+  assignGroups();
+  keepExactCones();
+  paint();
+  explainFullPrecision();
+  if (options.storage == Storage::Compute && compute != full)
+    decideStorage(module);
+}
+
+//===----------------------------------------------------------------------===//
+// Graph
+//===----------------------------------------------------------------------===//
+
+bool PrecisionAnalysis::isFull(Type type) const {
+  return shlo::getFloatElementType(type) == full;
+}
+
+bool PrecisionAnalysis::paintable(const OpDecision &d) const {
+  return (d.cls == OpClass::Infer || d.cls == OpClass::Clear) &&
+         !d.forcedHigh && !d.forcedLow;
+}
+
+const OpDecision &PrecisionAnalysis::decision(Operation *op) const {
+  static const OpDecision undecided;
+  auto it = decisions.find(op);
+  return it == decisions.end() ? undecided : it->second;
+}
+
+Operation *PrecisionAnalysis::decidedOwner(Operation *op) const {
+  while (op && !decisions.count(op)) {
+    Operation *parent = op->getParentOp();
+    if (!parent || !shlo::hasApplierRegions(parent))
+      return nullptr;
+    op = parent;
+  }
+  return op;
+}
+
+llvm::SmallVector<Operation *> PrecisionAnalysis::floatUsers(Operation *op) const {
+  llvm::SmallVector<Operation *> users;
+  for (Value result : op->getResults()) {
+    if (!isFull(result))
+      continue;
+    // A use inside a reduction body (a captured value) is a use by the
+    // reduction.
+    for (Operation *user : result.getUsers())
+      if (Operation *owner = decidedOwner(user))
+        users.push_back(owner);
+  }
+  return users;
+}
+
+llvm::SmallVector<Operation *>
+PrecisionAnalysis::floatProducers(Operation *op) const {
+  llvm::SmallVector<Operation *> producers;
+  for (Value operand : op->getOperands())
+    if (isFull(operand))
+      if (Operation *def = operand.getDefiningOp())
+        if (decisions.count(def))
+          producers.push_back(def);
+  return producers;
+}
+
+OpDecision PrecisionAnalysis::decideClass(Operation *op) {
+  Classification classification = classify(op);
+  OpDecision d;
+  d.cls = classification.cls;
+  d.reason = classification.reason;
+  d.detail = classification.detail;
+  // An existing convert of a float is an explicit choice of precision; a
+  // convert from an integer or boolean merely materialises a float.
+  if (d.cls == OpClass::Convert &&
+      !shlo::getFloatElementType(op->getOperand(0).getType())) {
+    d.cls = OpClass::Clear;
+    d.detail = "integer-to-float convert";
+  }
+  std::string name = op->getName().getStringRef().str();
+  if (opts.keepF32.contains(name)) {
+    d.forcedHigh = true;
+    d.reason = Reason::KeepF32;
+  } else if (opts.forceCompute.contains(name) && d.cls != OpClass::Fixed &&
+             d.cls != OpClass::Convert) {
+    d.forcedLow = true;
+    d.reason = Reason::ForceCompute;
+  }
+  if (d.cls != OpClass::Allow || opts.target != Target::Cpu || d.forcedLow)
+    return d;
+  if (shlo::isConvolution(op)) {
+    // XLA:CPU upcasts every bf16/f16 convolution: lowering one would only
+    // add converts and rounding.
+    d.cls = OpClass::Fixed;
+    d.reason = Reason::CpuConvolution;
+  } else if (compute.isBF16() && opts.dotResult == DotResult::F32) {
+    auto staticShape = [](Value v) {
+      return cast<ShapedType>(v.getType()).hasStaticShape();
+    };
+    // Only the NT-canonical form of a mixed dot is safe on XLA:CPU, and it
+    // can only be built for static shapes.
+    if (!shlo::getDotDimensions(op) || !staticShape(op->getOperand(0)) ||
+        !staticShape(op->getOperand(1))) {
+      d.cls = OpClass::Fixed;
+      d.reason = Reason::CpuDynamicDot;
+    }
+  }
+  return d;
+}
+
+void PrecisionAnalysis::collect(ModuleOp module) {
+  module.walk<WalkOrder::PreOrder>([&](Operation *op) -> WalkResult {
+    if (op == module.getOperation() || isa<func::FuncOp>(op))
+      return WalkResult::advance();
+    if (auto call = dyn_cast<func::CallOp>(op))
+      callSites[call.getCalleeAttr().getAttr()].push_back(op);
+    decisions[op] = decideClass(op);
+    order.push_back(op);
+    return shlo::hasApplierRegions(op) ? WalkResult::skip()
+                                       : WalkResult::advance();
+  });
+}
+
+void PrecisionAnalysis::assignGroups() {
+  int64_t next = 0;
+  for (Operation *op : order) {
+    OpDecision &d = at(op);
+    if (d.cls != OpClass::Allow ||
+        !llvm::any_of(op->getOperands(), [&](Value v) { return isFull(v); }))
+      continue;
+    d.group = next++;
+    if (opts.keepGroups.contains(d.group) && !d.forcedLow) {
+      d.forcedHigh = true;
+      d.reason = Reason::Calibration;
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Exact cones: discrete decisions and linear algebra
+//===----------------------------------------------------------------------===//
+
+void PrecisionAnalysis::keepExactCones() {
+  for (Operation *op : order) {
+    if (std::optional<DiscreteDecision> decided = discreteDecision(op)) {
+      OpDecision &d = at(op);
+      if (!d.forcedLow && d.cls != OpClass::Fixed &&
+          d.cls != OpClass::Convert) {
+        d.forcedHigh = true;
+        d.reason = Reason::DiscreteDecision;
+        d.detail = decided->name;
+      }
+      for (unsigned index : decided->operands)
+        keepExactBackFrom(op->getOperand(index), Reason::DiscreteDecision,
+                          decided->name);
+    } else if (std::optional<std::string> routine = linearAlgebraName(op)) {
+      for (Value operand : op->getOperands())
+        keepExactBackFrom(operand, Reason::LinearAlgebra, *routine);
+    }
+  }
+}
+
+void PrecisionAnalysis::keepExactBackFrom(Value start, Reason reason,
+                                          llvm::StringRef detail) {
+  llvm::SmallVector<Value> worklist = {start};
+  while (!worklist.empty()) {
+    Value value = worklist.pop_back_val();
+    if (!isFull(value) || !exact.insert(value).second)
+      continue;
+    // Through calls and control flow: a private function's argument is its
+    // call sites' operand; a loop-carried value is the loop's input and the
+    // body's next value.
+    if (auto arg = dyn_cast<BlockArgument>(value)) {
+      worklist.append(flowsInto(arg));
+      continue;
+    }
+    Operation *producer = value.getDefiningOp();
+    if (!producer || !decisions.count(producer))
+      continue;
+    unsigned index = cast<OpResult>(value).getResultNumber();
+    if (llvm::SmallVector<Value> sources = flowsOutOf(producer, index);
+        !sources.empty()) {
+      worklist.append(sources);
+      continue;
+    }
+    // Stop at ops that keep their types (custom calls: their insides are
+    // not ours) and at converts from another dtype (nothing upstream is
+    // f32).
+    OpDecision &d = at(producer);
+    if (d.cls == OpClass::Fixed)
+      continue;
+    if (!d.forcedHigh && !d.forcedLow) {
+      d.forcedHigh = true;
+      d.reason = reason;
+      d.detail = detail.str();
+    }
+    for (Value operand : producer->getOperands())
+      worklist.push_back(operand);
+  }
+}
+
+llvm::SmallVector<Value> PrecisionAnalysis::flowsInto(BlockArgument arg) const {
+  llvm::SmallVector<Value> sources;
+  Operation *owner = arg.getOwner()->getParentOp();
+  unsigned index = arg.getArgNumber();
+  if (auto func = dyn_cast<func::FuncOp>(owner)) {
+    if (func.isPublic() || !arg.getOwner()->isEntryBlock())
+      return sources;
+    auto it = callSites.find(func.getSymNameAttr());
+    if (it != callSites.end())
+      for (Operation *call : it->second)
+        if (index < call->getNumOperands())
+          sources.push_back(call->getOperand(index));
+  } else if (shlo::is(owner, "while") &&
+             index < owner->getNumOperands()) {
+    sources.push_back(owner->getOperand(index));
+    Operation *next = owner->getRegion(1).front().getTerminator();
+    if (next && index < next->getNumOperands())
+      sources.push_back(next->getOperand(index));
+  }
+  return sources;
+}
+
+llvm::SmallVector<Value> PrecisionAnalysis::flowsOutOf(Operation *op,
+                                                      unsigned index) const {
+  llvm::SmallVector<Value> sources;
+  auto returned = [&](Region &region) {
+    if (region.empty())
+      return;
+    Operation *terminator = region.front().getTerminator();
+    if (terminator && index < terminator->getNumOperands())
+      sources.push_back(terminator->getOperand(index));
+  };
+  if (auto call = dyn_cast<func::CallOp>(op)) {
+    auto callee = SymbolTable::lookupNearestSymbolFrom<func::FuncOp>(
+        op, call.getCalleeAttr());
+    if (callee && !callee.isExternal())
+      returned(callee.getBody());
+  } else if (shlo::is(op, "while")) {
+    sources.push_back(op->getOperand(index));
+    returned(op->getRegion(1));
+  } else if (shlo::is(op, "if") || shlo::is(op, "case")) {
+    for (Region &branch : op->getRegions())
+      returned(branch);
+  }
+  return sources;
+}
+
+//===----------------------------------------------------------------------===//
+// Painting
+//===----------------------------------------------------------------------===//
+
+void PrecisionAnalysis::paint() {
+  paintSeeds();
+  if (opts.level == Level::O2) {
+    markDenyDownstream();
+    markBetweenAllow();
+  }
+  if (opts.level == Level::O2 || opts.level == Level::O3)
+    pullClearOpsIntoLowProducers();
+  followLowInputs();
+}
+
+void PrecisionAnalysis::paintSeeds() {
+  for (Operation *op : order) {
+    OpDecision &d = at(op);
+    bool hasFullOperand =
+        llvm::any_of(op->getOperands(), [&](Value v) { return isFull(v); });
+    bool hasFull = hasFullOperand ||
+                   llvm::any_of(op->getResults(),
+                                [&](Value v) { return isFull(v); });
+    if (!hasFull)
+      continue;
+    if (d.forcedLow)
+      d.low = true;
+    else if (d.forcedHigh)
+      d.low = false;
+    else if (d.cls == OpClass::Allow)
+      // A dot whose operands are already low precision (an f32-accumulating
+      // dot in the input, or one this pass emitted) is left as it is.
+      d.low = hasFullOperand;
+    else if (opts.level == Level::O3 &&
+             (d.cls == OpClass::Deny || d.cls == OpClass::Infer)) {
+      // Clear ops still only follow their neighbours: data movement never
+      // forces a convert, even at O3.
+      d.low = true;
+      d.reason = Reason::LevelO3;
+    }
+    if (d.low && d.cls == OpClass::Allow && !d.forcedLow)
+      d.reason = opts.dotResult == DotResult::Compute
+                     ? Reason::MatrixMultiplyCompute
+                     : Reason::MatrixMultiply;
+  }
+}
+
+void PrecisionAnalysis::markDenyDownstream() {
+  auto isDenyRoot = [&](const OpDecision &d) {
+    return (d.cls == OpClass::Deny && !d.forcedLow) || d.forcedHigh;
+  };
+  // Ops upstream of a deny or infer op through clear ops only.
+  llvm::DenseSet<Operation *> upstream;
+  llvm::SmallVector<Operation *> stack;
+  for (Operation *op : order) {
+    const OpDecision &d = at(op);
+    if (isDenyRoot(d) || (paintable(d) && d.cls == OpClass::Infer)) {
+      upstream.insert(op);
+      stack.push_back(op);
+    }
+  }
+  while (!stack.empty()) {
+    Operation *op = stack.pop_back_val();
+    for (Operation *producer : floatProducers(op)) {
+      const OpDecision &d = at(producer);
+      if (paintable(d) && d.cls == OpClass::Clear &&
+          upstream.insert(producer).second)
+        stack.push_back(producer);
+    }
+  }
+  // Deny flows forward through those ops.
+  for (Operation *op : order)
+    if (isDenyRoot(at(op)))
+      stack.push_back(op);
+  llvm::DenseSet<Operation *> visited;
+  while (!stack.empty()) {
+    Operation *op = stack.pop_back_val();
+    for (Operation *user : floatUsers(op)) {
+      OpDecision &d = at(user);
+      if (!paintable(d) || !upstream.count(user) ||
+          !visited.insert(user).second)
+        continue;
+      d.denyMarked = true;
+      stack.push_back(user);
+    }
+  }
+}
+
+void PrecisionAnalysis::markBetweenAllow() {
+  auto isLowRoot = [&](Operation *op) {
+    const OpDecision &d = at(op);
+    return d.low && !paintable(d);
+  };
+  auto canPass = [&](Operation *op) {
+    const OpDecision &d = at(op);
+    return paintable(d) && !d.denyMarked;
+  };
+  // Ops reachable downstream of a low root through paintable ops, with the
+  // group of the root that reached them first.
+  llvm::DenseMap<Operation *, int64_t> downstream;
+  llvm::SmallVector<Operation *> stack;
+  for (Operation *op : order)
+    if (isLowRoot(op))
+      stack.push_back(op);
+  llvm::SmallVector<Operation *> roots(stack);
+  while (!stack.empty()) {
+    Operation *op = stack.pop_back_val();
+    for (Operation *user : floatUsers(op))
+      if (canPass(user) && downstream.try_emplace(user, at(op).group).second)
+        stack.push_back(user);
+  }
+  // ...and upstream of another low root: between two low ops.
+  stack = roots;
+  llvm::DenseSet<Operation *> visited;
+  while (!stack.empty()) {
+    Operation *op = stack.pop_back_val();
+    for (Operation *producer : floatProducers(op)) {
+      auto it = downstream.find(producer);
+      if (it == downstream.end() || !visited.insert(producer).second)
+        continue;
+      OpDecision &d = at(producer);
+      d.low = true;
+      d.reason = Reason::BetweenLowOps;
+      d.group = it->second;
+      stack.push_back(producer);
+    }
+  }
+}
+
+void PrecisionAnalysis::pullClearOpsIntoLowProducers() {
+  // Reverse program order: a chain of clear ops feeding a low op (broadcast
+  // of a bias, transpose of a weight) goes low in one sweep, so the convert
+  // lands on the smallest tensor.
+  for (Operation *op : llvm::reverse(order)) {
+    OpDecision &d = at(op);
+    if (!paintable(d) || d.cls != OpClass::Clear || d.low || d.denyMarked)
+      continue;
+    llvm::SmallVector<Operation *> users = floatUsers(op);
+    if (users.empty())
+      continue;
+    bool allLow = llvm::all_of(users, [&](Operation *user) {
+      return at(user).low && !shlo::isRegionReturn(user);
+    });
+    if (allLow) {
+      d.low = true;
+      d.reason = Reason::FeedsLowOps;
+      d.group = at(users.front()).group;
+    }
+  }
+}
+
+void PrecisionAnalysis::followLowInputs() {
+  for (Operation *op : order) {
+    OpDecision &d = at(op);
+    if (!paintable(d) || d.low || d.denyMarked)
+      continue;
+    bool anyFull = false, allLow = true;
+    Operation *lowProducer = nullptr;
+    for (Value operand : op->getOperands()) {
+      if (!isFull(operand))
+        continue;
+      anyFull = true;
+      bool low = shlo::getFloatElementType(newType(operand)) == compute;
+      allLow &= low;
+      if (low && !lowProducer)
+        lowProducer = operand.getDefiningOp();
+    }
+    if (anyFull && allLow) {
+      d.low = true;
+      d.reason = Reason::InputsLow;
+      if (lowProducer && decisions.count(lowProducer))
+        d.group = at(lowProducer).group;
+    }
+  }
+}
+
+void PrecisionAnalysis::explainFullPrecision() {
+  for (Operation *op : order) {
+    OpDecision &d = at(op);
+    if (d.low || d.forcedHigh)
+      continue;
+    if (d.denyMarked) {
+      d.reason = Reason::ConsumesSensitive;
+      d.detail.clear();
+    } else if (paintable(d)) {
+      d.reason = Reason::NotBetweenLowOps;
+      d.detail.clear();
+    }
+    if (d.cls != OpClass::Allow)
+      d.group = -1;
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Types
+//===----------------------------------------------------------------------===//
+
+Type PrecisionAnalysis::resultElementType(Operation *op, Value result) const {
+  Type type = result.getType();
+  if (!isFull(type))
+    return shlo::getFloatElementType(type);
+  auto it = decisions.find(op);
+  if (it == decisions.end() || !it->second.low)
+    return full;
+  const OpDecision &d = it->second;
+  if (d.cls == OpClass::Allow && opts.dotResult == DotResult::F32 &&
+      !d.forcedLow && !lowResultDots.contains(op))
+    return full;
+  return compute;
+}
+
+Type PrecisionAnalysis::newType(Value value) const {
+  Type type = value.getType();
+  if (!isFull(type))
+    return type;
+  if (auto arg = dyn_cast<BlockArgument>(value)) {
+    Operation *owner = arg.getOwner()->getParentOp();
+    if (auto func = dyn_cast<func::FuncOp>(owner))
+      return func.isPublic() && arg.getOwner()->isEntryBlock() &&
+                     !func.getArgAttr(arg.getArgNumber(), attr::kKeepDtype)
+                 ? shlo::withElementType(type, param)
+                 : type;
+    // Block arguments of a reduction body follow the reduction.
+    if (lowersBody(owner))
+      return shlo::withElementType(type, compute);
+    return type;
+  }
+  return shlo::withElementType(type,
+                               resultElementType(value.getDefiningOp(), value));
+}
+
+Type PrecisionAnalysis::wantedType(OpOperand &operand) const {
+  Value value = operand.get();
+  Type type = value.getType();
+  if (!isFull(type))
+    return type;
+  Operation *user = operand.getOwner();
+  if (isa<func::ReturnOp>(user)) {
+    auto func = user->getParentOfType<func::FuncOp>();
+    if (!func.isPublic())
+      return type;
+    // The new value of an argument (a parameter, an optimizer state) keeps
+    // the argument's dtype, so a step can feed its results back in.
+    unsigned index = operand.getOperandNumber();
+    if (auto stateOf =
+            func.getResultAttrOfType<IntegerAttr>(index, attr::kStateOf)) {
+      int64_t arg = stateOf.getInt();
+      if (arg >= 0 && arg < static_cast<int64_t>(func.getNumArguments()) &&
+          isFull(func.getArgument(arg)))
+        return newType(func.getArgument(arg));
+    }
+    return shlo::withElementType(type, output);
+  }
+  auto it = decisions.find(user);
+  if (it == decisions.end())
+    return type;
+  if (it->second.cls == OpClass::Convert)
+    return newType(value); // a convert takes any float
+  return it->second.low ? shlo::withElementType(type, compute) : type;
+}
+
+bool PrecisionAnalysis::lowersBody(Operation *op) const {
+  if (!shlo::hasApplierRegions(op))
+    return false;
+  auto it = decisions.find(op);
+  return it != decisions.end() && it->second.low;
+}
+
+Precision PrecisionAnalysis::precisionOf(Operation *op) const {
+  const OpDecision &d = decision(op);
+  if (d.low)
+    return Precision::Low;
+  auto touchesFull = [&](Type t) { return isFull(t); };
+  if (!llvm::any_of(op->getOperandTypes(), touchesFull) &&
+      !llvm::any_of(op->getResultTypes(), touchesFull))
+    return Precision::Unchanged;
+  return Precision::Full;
+}
+
+//===----------------------------------------------------------------------===//
+// Storage
+//===----------------------------------------------------------------------===//
+
+bool PrecisionAnalysis::mayStoreLow(
+    Value value, const llvm::DenseSet<Value> &statistics,
+    const llvm::DenseMap<Operation *, int64_t> &gemmsBefore) const {
+  Operation *producer = value.getDefiningOp();
+  const OpDecision &d = decision(producer);
+  // Large: per-row statistics and scalars stay f32.
+  std::optional<int64_t> elements = shlo::numElements(value.getType());
+  if (!elements || *elements < kStorageMinElements ||
+      statistics.contains(value))
+    return false;
+  // Made by f32 arithmetic (data movement follows its operand; reductions
+  // are statistics; explicit and fixed ops keep their types).
+  bool arithmetic = d.cls == OpClass::Allow || d.cls == OpClass::Infer ||
+                    (d.cls == OpClass::Deny && !shlo::hasApplierRegions(producer));
+  bool computesFull = !d.low || d.cls == OpClass::Allow;
+  if (!arithmetic || !computesFull || newType(value) != value.getType() ||
+      exact.contains(value) || d.reason == Reason::KeepF32)
+    return false;
+  // Read only by decided arithmetic in the same block: never by a result, a
+  // custom call, a loop, a call or a region that captures it.
+  int64_t lastUse = -1;
+  bool anyFullUser = false;
+  for (OpOperand &use : value.getUses()) {
+    Operation *user = use.getOwner();
+    if (user->getBlock() != producer->getBlock() || !decisions.count(user))
+      return false;
+    const OpDecision &u = decision(user);
+    if (u.cls == OpClass::Fixed || u.cls == OpClass::Convert ||
+        shlo::isRegionReturn(user) || u.reason == Reason::KeepF32 ||
+        u.reason == Reason::DiscreteDecision ||
+        u.reason == Reason::LinearAlgebra)
+      return false;
+    anyFullUser |= wantedType(use) == value.getType();
+    lastUse = std::max(lastUse, gemmsBefore.lookup(user));
+  }
+  if (!anyFullUser)
+    return true; // every reader rounds it anyway: one convert, made early
+  // Read again far from where it was made (across a matrix multiply, as the
+  // backward pass reads saved activations): XLA stores it rather than
+  // recomputing it, so the rounding saves memory.
+  int64_t madeAfter = gemmsBefore.lookup(producer) +
+                      (d.cls == OpClass::Allow ? 1 : 0);
+  return lastUse - madeAfter >= 1;
+}
+
+void PrecisionAnalysis::decideStorage(ModuleOp module) {
+  // Statistics: reduction results and what elementwise arithmetic makes of
+  // them and of constants alone (mean, variance, rsqrt(var + eps), the
+  // softmax max and sum).
+  llvm::DenseSet<Value> statistics, constants;
+  for (Operation *op : order) {
+    const OpDecision &d = decision(op);
+    bool reduction = shlo::hasApplierRegions(op) &&
+                     (d.cls == OpClass::Deny || d.cls == OpClass::Clear);
+    bool anyStatistic = false, allStatOrConst = op->getNumOperands() > 0;
+    for (Value operand : op->getOperands()) {
+      if (!shlo::getFloatElementType(operand.getType()))
+        continue;
+      anyStatistic |= statistics.contains(operand);
+      allStatOrConst &=
+          statistics.contains(operand) || constants.contains(operand);
+    }
+    for (Value result : op->getResults()) {
+      if (shlo::isConstant(op) ||
+          (d.cls == OpClass::Clear && allStatOrConst && !anyStatistic))
+        constants.insert(result);
+      else if (reduction || (d.cls != OpClass::Allow && d.cls != OpClass::Fixed &&
+                             anyStatistic && allStatOrConst))
+        statistics.insert(result);
+    }
+  }
+  // Position of each op in its block: the matrix multiplies before it.
+  llvm::DenseMap<Operation *, int64_t> gemmsBefore;
+  module.walk([&](Block *block) {
+    int64_t gemms = 0;
+    for (Operation &op : *block) {
+      gemmsBefore[&op] = gemms;
+      if (decisions.count(&op) && decision(&op).cls == OpClass::Allow)
+        ++gemms;
+    }
+  });
+  for (Operation *op : order) {
+    for (Value result : op->getResults()) {
+      if (!isFull(result) || !mayStoreLow(result, statistics, gemmsBefore))
+        continue;
+      // A GPU or TPU GEMM accumulates in f32 and rounds once as it writes:
+      // its result is made in the compute dtype. XLA:CPU has no such kernel,
+      // so there the f32 result is converted.
+      if (decision(op).cls == OpClass::Allow && opts.target != Target::Cpu &&
+          decision(op).low) {
+        lowResultDots.insert(op);
+        continue;
+      }
+      if (stored.insert(result).second)
+        storedOrder.push_back(result);
+    }
+  }
+}

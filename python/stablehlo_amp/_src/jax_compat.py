@@ -1,0 +1,244 @@
+"""Everything stablehlo-amp needs from JAX beyond its public API, in one place.
+
+The rest of the package uses public API only: `jax.export`,
+`jax.jit(...).lower(...)`, `jax.extend`, `jax.interpreters.{ad,batching,mlir}`
+and `jax.tree_util`. What remains private is here, with the JAX versions it
+was checked against, so that a new JAX release breaks one small module with a
+clear error instead of the whole package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import re
+from typing import Any, Callable, Sequence
+
+import jax
+from jax import export as jax_export
+from jax.extend.mlir import ir
+
+# The JAX releases the test suite runs against (`make test-jax-range` runs the
+# oldest; the newest runs on Python 3.12). Below 0.4.36, jax.ffi_call takes
+# its arguments directly and ShapeDtypeStruct has no weak_type; before 0.4.30
+# there is no jax.export.
+SUPPORTED = ">=0.4.36,<0.13"
+_MINIMUM, _LIMIT = (0, 4, 36), (0, 13, 0)
+
+
+class UnsupportedJaxError(ImportError):
+  """This JAX release is outside the supported range."""
+
+
+def _version(text: str) -> tuple[int, ...]:
+  return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def check_version(version: str | None = None) -> None:
+  """Raises UnsupportedJaxError naming the supported range."""
+  version = version or jax.__version__
+  if not _MINIMUM <= _version(version) < _LIMIT:
+    raise UnsupportedJaxError(
+        f"stablehlo-amp supports jax {SUPPORTED}; this is jax {version}. "
+        f"Install a supported release, e.g. pip install 'jax{SUPPORTED}'.")
+
+
+check_version()
+_JAX = _version(jax.__version__)
+
+
+# -- MLIR contexts and portable artifacts ------------------------------------
+
+
+def make_ir_context() -> ir.Context:
+  """A context with every dialect JAX emits (StableHLO, CHLO, Shardy, MHLO)."""
+  from jax.interpreters import mlir as jax_mlir
+  return jax_mlir.make_ir_context()
+
+
+def _jaxlib_mlir():
+  # The jaxlib extension's MLIR helpers, under this name in every release.
+  from jax._src.export import _export
+  return _export.xla_client._xla.mlir
+
+
+def deserialize_portable_artifact(data: bytes) -> ir.Module:
+  """A StableHLO module from a portable artifact (VHLO bytecode), in the
+  current context (jaxlib < 0.10 returns text)."""
+  module = _jaxlib_mlir().deserialize_portable_artifact(data)
+  if isinstance(module, ir.Module):
+    return module
+  return ir.Module.parse(module)
+
+
+def serialize_portable_artifact(module: ir.Module, target: str) -> bytes:
+  """A portable artifact of `module` for StableHLO version `target`."""
+  data = _bytecode_of(module)
+  return _jaxlib_mlir().serialize_portable_artifact(data, target)
+
+
+def _bytecode_of(module: ir.Module) -> bytes:
+  import io
+  buffer = io.BytesIO()
+  module.operation.write_bytecode(buffer)
+  return buffer.getvalue()
+
+
+def portable_artifact_version(data: bytes) -> str | None:
+  """The StableHLO version a portable artifact was written for
+  ("1.10.3"), read from its producer string; None if `data` is not one."""
+  match = re.match(rb"ML\xefR.{0,8}?StableHLO_v(\d+\.\d+\.\d+)", data[:64],
+                   re.S)
+  return match.group(1).decode() if match else None
+
+
+def current_stablehlo_version() -> str:
+  from jax._src.lib.mlir.dialects import hlo
+  return hlo.get_current_version()
+
+
+# -- Exported -------------------------------------------------------------------
+
+
+def _to_bytecode(module: ir.Module) -> bytes:
+  from jax._src.export import _export
+  parameters = inspect.signature(_export._module_to_bytecode).parameters
+  if "shardy_enabled" in parameters:  # jax 0.5.3 .. 0.6.1
+    return _export._module_to_bytecode(
+        module, jax.config.jax_use_shardy_partitioner)
+  return _export._module_to_bytecode(module)
+
+
+def _without_unit_attrs(module: ir.Module) -> ir.Module:
+  """A copy without unit attributes (jaxlib < 0.7 cannot write them into a
+  portable artifact; the ones we set are markers the passes consumed or
+  labels the loss-scale pass put on what it appended)."""
+  copy = ir.Module.parse(module.operation.get_asm(enable_debug_info=True),
+                         module.context)
+
+  def strip(op) -> None:
+    op = op.operation
+    for name in ("arg_attrs", "res_attrs"):
+      if op.name == "func.func" and name in op.attributes:
+        dicts = [ir.DictAttr(d) for d in ir.ArrayAttr(op.attributes[name])]
+        op.attributes[name] = ir.ArrayAttr.get([ir.DictAttr.get(
+            {d[j].name: d[j].attr for j in range(len(d))
+             if not ir.UnitAttr.isinstance(d[j].attr)}) for d in dicts])
+    for name in [a.name for a in op.attributes
+                 if ir.UnitAttr.isinstance(a.attr)]:
+      del op.attributes[name]
+    for region in op.regions:
+      for block in region.blocks:
+        for child in block.operations:
+          strip(child)
+
+  for op in copy.body.operations:
+    strip(op)
+  return copy
+
+
+def module_bytes(module: ir.Module) -> bytes:
+  """`module` serialized the way `jax.export` serializes its modules."""
+  if _JAX >= (0, 7, 0):
+    return _to_bytecode(module)
+  with module.context:
+    return _to_bytecode(_without_unit_attrs(module))
+
+
+def exported_module(exported: jax_export.Exported) -> ir.Module:
+  """The StableHLO module of an `Exported`, in the current context."""
+  return deserialize_portable_artifact(exported.mlir_module_serialized)
+
+
+def replace_exported(exported: jax_export.Exported, module: ir.Module, *,
+                     in_avals: Sequence[Any], out_avals: Sequence[Any],
+                     kept_var_idx: Sequence[int], extra_in: int,
+                     extra_out: int) -> jax_export.Exported:
+  """`exported` with a rewritten module, flat trees, new avals and
+  `extra_in`/`extra_out` appended arguments and results (no sharding).
+
+  `Exported` has no public constructor that takes a module: its sharding
+  fields and its VJP are private. The rewritten module's VJP is not the
+  original's, so it is dropped (stablehlo-amp differentiates through its own
+  rules)."""
+  no_in, no_out = (None,) * extra_in, (None,) * extra_out
+  fields = dict(
+      in_tree=jax.tree_util.tree_structure((tuple(in_avals), {})),
+      out_tree=jax.tree_util.tree_structure(tuple(out_avals)),
+      in_avals=tuple(in_avals), out_avals=tuple(out_avals),
+      in_shardings_hlo=tuple(exported.in_shardings_hlo) + no_in,
+      out_shardings_hlo=tuple(exported.out_shardings_hlo) + no_out,
+      module_kept_var_idx=tuple(kept_var_idx),
+      mlir_module_serialized=module_bytes(module),
+      _get_vjp=None,
+      # jax >= 0.9: named shardings beside the HLO ones.
+      _in_named_shardings=tuple(getattr(exported, "_in_named_shardings",
+                                        ())) + no_in,
+      _out_named_shardings=tuple(getattr(exported, "_out_named_shardings",
+                                         ())) + no_out)
+  names = {f.name for f in dataclasses.fields(exported)}
+  return dataclasses.replace(
+      exported, **{k: v for k, v in fields.items() if k in names})
+
+
+# -- jax.jit -------------------------------------------------------------------
+
+
+def jit_options(fun: Callable) -> dict[str, tuple]:
+  """static/donate argnums and argnames of a `jax.jit`-wrapped function
+  (empty for anything else)."""
+  info = getattr(fun, "_jit_info", None)  # jax >= 0.6
+  if info is None:
+    return {}
+  return {name: tuple(getattr(info, name, ()) or ())
+          for name in ("static_argnums", "static_argnames", "donate_argnums",
+                       "donate_argnames")}
+
+
+def unwrap_jit(fun: Callable) -> Callable:
+  """The Python function a `jax.jit` object wraps (or `fun` itself)."""
+  return getattr(fun, "_fun", None) or getattr(fun, "__wrapped__", fun)
+
+
+@functools.cache
+def primitive_class() -> type:
+  """`jax.extend.core.Primitive` (jax.core.Primitive before it moved)."""
+  try:
+    from jax.extend.core import Primitive
+  except ImportError:  # jax < 0.4.36
+    from jax.core import Primitive  # type: ignore
+  return Primitive
+
+
+def shaped_array(shape: tuple, dtype: Any, weak_type: bool = False) -> Any:
+  """`jax.core.ShapedArray`, the abstract value of an array."""
+  return jax.core.ShapedArray(shape, dtype, weak_type=weak_type)
+
+
+def ffi_call(target: str, result_shapes: Sequence[Any]) -> Callable:
+  """A side-effect-free call of the custom call `target`."""
+  ffi = getattr(jax, "ffi", None)
+  if ffi is None:  # jax < 0.5
+    from jax.extend import ffi  # type: ignore
+  return ffi.ffi_call(target, result_shapes, has_side_effect=False)
+
+
+def aval_of(x: Any) -> Any:
+  """The abstract value of an array, tracer, Python scalar or
+  `jax.ShapeDtypeStruct`."""
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return shaped_array(tuple(x.shape), x.dtype,
+                        bool(getattr(x, "weak_type", False)))
+  typeof = getattr(jax, "typeof", None)
+  if typeof is not None:
+    return typeof(x)
+  return jax.core.get_aval(x)  # type: ignore
+
+
+def zero_tangent(primal: Any) -> Any:
+  """A symbolic zero tangent for `primal` (float0 for integers)."""
+  from jax.interpreters import ad
+  if hasattr(ad.Zero, "from_primal_value"):
+    return ad.Zero.from_primal_value(primal)
+  return ad.Zero(aval_of(primal).to_tangent_aval())  # type: ignore
