@@ -139,6 +139,8 @@ constexpr ReasonInfo kReasons[] = {
     {Reason::DotAlgorithm, "dot_algorithm", "dot algorithm given explicitly"},
     {Reason::Fixed, "fixed", "keeps its exact types"},
     {Reason::NoF32Values, "no_f32_values", "no f32 values"},
+    {Reason::OperandsAlreadyLow, "operands_already_low",
+     "operands already in a low-precision dtype"},
 };
 
 const ReasonInfo &infoOf(Reason reason) {
@@ -235,6 +237,13 @@ llvm::json::Object passesJson() {
       {"keep-groups", option(llvm::json::Array())},
       {"report", option(convert.report)},
   };
+  AmpFp8GemmsPassOptions fp8;
+  llvm::json::Object fp8Gemms{
+      {"gemm", option(fp8.gemm, {"f8", "f8e4m3fn", "f8e5m2"})},
+      {"scaling", option(fp8.scaling, {"current", "delayed"})},
+      {"amax-history", option(fp8.amaxHistory)},
+      {"report", option(fp8.report)},
+  };
   llvm::json::Object lossScale{
       {"mode", option(scale.mode, lossScaleModeNames())},
       {"seed-arg", option(scale.seedArg)},
@@ -250,6 +259,7 @@ llvm::json::Object passesJson() {
       {"amp-insert-converts",
        llvm::json::Object{{"options", std::move(insertConverts)},
                           {"storage_defaults", std::move(storageDefaults)}}},
+      {"amp-fp8-gemms", llvm::json::Object{{"options", std::move(fp8Gemms)}}},
       {"amp-loss-scale", llvm::json::Object{{"options", std::move(lossScale)}}},
       {"amp-simplify-converts", llvm::json::Object{{"options",
                                                     llvm::json::Object{}}}},
@@ -295,6 +305,8 @@ std::string mlir::amp::contractJson() {
       {"loss_scale_counter", attr::kLossScaleCounter},
       {"grads_finite", attr::kGradsFinite},
       {"decision", attr::kDecision},
+      {"cotangent", attr::kCotangent},
+      {"amax_history", attr::kAmaxHistory},
       {"inserted", attr::kInserted},
   };
   llvm::json::Object contract{

@@ -32,6 +32,12 @@ namespace attr {
 inline constexpr llvm::StringLiteral kKeepDtype = "amp.keep_dtype";
 /// Argument attribute: the loss cotangent seed. Consumed by amp-loss-scale.
 inline constexpr llvm::StringLiteral kLossSeed = "amp.loss_seed";
+/// Argument attribute: a cotangent input (of a derived vjp program): values
+/// derived from it are gradients, for amp-fp8-gemms's e5m2 choice.
+inline constexpr llvm::StringLiteral kCotangent = "amp.cotangent";
+/// Argument and result attribute amp-fp8-gemms puts on the amax history of
+/// one FP8 operand (delayed scaling): f32[N], newest first.
+inline constexpr llvm::StringLiteral kAmaxHistory = "amp.amax_history";
 /// Result attribute: this result is a gradient. Consumed by amp-loss-scale.
 inline constexpr llvm::StringLiteral kGradient = "amp.gradient";
 /// Result attribute `amp.state_of = N`: this result is the new value of
@@ -129,6 +135,7 @@ enum class Reason {
   Fixed,
   // Unchanged.
   NoF32Values,
+  OperandsAlreadyLow,
 };
 llvm::StringRef reasonId(Reason reason);
 llvm::StringRef reasonText(Reason reason);

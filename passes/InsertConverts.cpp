@@ -369,8 +369,10 @@ void InsertConvertsPass::annotateDecisions(const PrecisionAnalysis &analysis) {
       continue;
     const OpDecision &d = analysis.decision(op);
     Precision precision = analysis.precisionOf(op);
-    Reason reason =
-        precision == Precision::Unchanged ? Reason::NoF32Values : d.reason;
+    Reason reason = d.reason;
+    if (precision == Precision::Unchanged)
+      reason = d.cls == OpClass::Allow ? Reason::OperandsAlreadyLow
+                                       : Reason::NoF32Values;
     llvm::SmallVector<NamedAttribute> fields = {
         b.getNamedAttr("precision", b.getStringAttr(precisionId(precision))),
         b.getNamedAttr("reason", b.getStringAttr(reasonId(reason)))};

@@ -112,6 +112,68 @@ def AmpSimplifyConvertsPass : Pass<"amp-simplify-converts", "::mlir::ModuleOp"> 
   }];
 }
 
+def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
+  let summary = "Puts eligible matrix multiplies into scaled FP8, in the "
+                "quantize-dequantize form XLA turns into FP8 cuBLASLt GEMMs.";
+  let description = [{
+    Runs after `amp-insert-converts`. Each `dot_general` whose operands are
+    in a low-precision float dtype and that is eligible gets FP8 operands,
+    scaled per tensor:
+
+    - `amax = max|x|` in the graph (current scaling), or the max of an amax
+      history carried as state (delayed scaling: one `f32[N]` argument and
+      result per operand, marked `amp.amax_history`; the history is rolled
+      and the current amax inserted; an all-zero history falls back to the
+      current amax);
+    - `scale = max(amax / fmax, FLT_MIN)` with `fmax` = 448 (e4m3fn) or
+      57344 (e5m2);
+    - quantize: `q = convert(clamp(-fmax, x / scale, fmax))` to FP8 (the
+      clamp saturates: no value becomes inf or NaN);
+    - dequantize: `convert(q)` to the compute dtype (f32 when the compute
+      dtype is f16, whose range cannot hold every scale), times the
+      broadcast scale;
+    - the dot accumulates in f32.
+
+    `gemm=f8` gives forward operands e4m3fn and gradient operands e5m2: an
+    operand is a gradient when it is derived from the loss cotangent seed
+    (`amp.loss_seed`) or from an argument marked `amp.cotangent`.
+    `gemm=f8e4m3fn` / `gemm=f8e5m2` use that format for every operand.
+
+    Eligible: static shapes, no batch dimensions (the linear layers; batched
+    attention products stay in the compute dtype, as in Transformer Engine),
+    and the contracting and free sizes of both operands multiples of 16
+    (cuBLASLt's FP8 requirement). With `report=true` each dot's decision
+    gets a `gemm` entry: its operand formats, or why it is not eligible.
+
+    Before (after `amp-insert-converts`):
+    ```mlir
+    %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0]
+        : (tensor<32x64xbf16>, tensor<64x16xbf16>) -> tensor<32x16xf32>
+    ```
+    After `amp-fp8-gemms{gemm=f8}` (the lhs; the rhs is alike):
+    ```mlir
+    %a = stablehlo.reduce(%abs init: %zero) applies stablehlo.maximum ...
+    %s = stablehlo.maximum(stablehlo.divide(%a, 448), FLT_MIN)
+    %c = stablehlo.clamp %neg_max, stablehlo.divide(%xf32, %s_b), %max
+    %q = stablehlo.convert %c : (tensor<32x64xf32>) -> tensor<32x64xf8E4M3FN>
+    %dq = stablehlo.multiply (stablehlo.convert %q -> bf16), %s_bf16_b
+    %d = stablehlo.dot_general %dq, %dqw, contracting_dims = [1] x [0] ...
+    ```
+  }];
+  let options = [
+    Option<"gemm", "gemm", "std::string", "\"f8\"",
+           "FP8 operand format: f8 (e4m3fn forward, e5m2 gradients), "
+           "f8e4m3fn or f8e5m2">,
+    Option<"scaling", "scaling", "std::string", "\"current\"",
+           "Per-tensor scaling: current (amax of this step) or delayed "
+           "(max of an amax history carried as state)">,
+    Option<"amaxHistory", "amax-history", "int64_t", "16",
+           "Length of the amax history with delayed scaling">,
+    Option<"report", "report", "bool", "false",
+           "Add each dot's FP8 decision to its `amp.decision` attribute">,
+  ];
+}
+
 def AmpLossScalePass : Pass<"amp-loss-scale", "::mlir::ModuleOp"> {
   let summary = "Fuses loss scaling, gradient unscaling, the overflow check "
                 "and the dynamic scale update into a training-step module.";

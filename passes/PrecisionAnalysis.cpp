@@ -553,6 +553,11 @@ Precision PrecisionAnalysis::precisionOf(Operation *op) const {
   if (d.low)
     return Precision::Low;
   auto touchesFull = [&](Type t) { return isFull(t); };
+  // A dot of low-precision operands (an input already mixed, or this pass's
+  // own output) is left as it is, whatever its result type.
+  if (d.cls == OpClass::Allow &&
+      !llvm::any_of(op->getOperandTypes(), touchesFull))
+    return Precision::Unchanged;
   if (!llvm::any_of(op->getOperandTypes(), touchesFull) &&
       !llvm::any_of(op->getResultTypes(), touchesFull))
     return Precision::Unchanged;

@@ -9,6 +9,9 @@
 #include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/StringSwitch.h"
 
+#include <algorithm>
+#include <vector>
+
 using namespace mlir;
 using namespace mlir::amp;
 
@@ -132,13 +135,48 @@ bool shlo::isKnownOpName(llvm::StringRef qualifiedName) {
   return opNameSet().contains(qualifiedName);
 }
 
+namespace {
+/// Edit distance counting a swap of neighbours as one edit ("tahn" is one
+/// edit from "tanh"), the typo people make.
+unsigned typoDistance(llvm::StringRef a, llvm::StringRef b) {
+  std::vector<std::vector<unsigned>> d(a.size() + 1,
+                                       std::vector<unsigned>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i)
+    d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j)
+    d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      unsigned cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1,
+                          d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+} // namespace
+
 llvm::SmallVector<llvm::StringRef> shlo::nearestOpNames(llvm::StringRef name,
                                                         unsigned limit) {
   std::string qualified = qualifiedOpName(name);
-  llvm::SmallVector<std::pair<unsigned, llvm::StringRef>> scored;
-  for (llvm::StringRef candidate : kOpNames)
-    scored.push_back({llvm::StringRef(qualified).edit_distance(candidate),
+  // Names the input abbreviates first ("exp": exponential), then the
+  // closest; among equals, the one of the same length (a swap, not a
+  // missing letter).
+  llvm::StringRef wanted = llvm::StringRef(qualified).rsplit('.').second;
+  llvm::SmallVector<
+      std::pair<std::tuple<bool, unsigned, size_t>, llvm::StringRef>>
+      scored;
+  for (llvm::StringRef candidate : kOpNames) {
+    size_t lengthGap = candidate.size() > qualified.size()
+                           ? candidate.size() - qualified.size()
+                           : qualified.size() - candidate.size();
+    bool abbreviates =
+        !wanted.empty() && candidate.rsplit('.').second.starts_with(wanted);
+    scored.push_back({{!abbreviates, typoDistance(qualified, candidate),
+                       lengthGap},
                       candidate});
+  }
   llvm::stable_sort(scored, [](const auto &a, const auto &b) {
     return a.first < b.first;
   });
@@ -574,6 +612,40 @@ Value shlo::buildClamp(OpBuilder &builder, Location loc, Value min,
 Value shlo::buildIsFinite(OpBuilder &builder, Location loc, Value value) {
   return createOp(builder, loc, opName("is_finite"), value,
                   withElementType(value.getType(), builder.getI1Type()))
+      ->getResult(0);
+}
+
+Value shlo::buildSlice(OpBuilder &builder, Location loc, Value value,
+                       llvm::ArrayRef<int64_t> start,
+                       llvm::ArrayRef<int64_t> limit,
+                       llvm::ArrayRef<int64_t> strides) {
+  auto type = cast<RankedTensorType>(value.getType());
+  llvm::SmallVector<int64_t> shape;
+  for (auto [begin, end, stride] : llvm::zip(start, limit, strides))
+    shape.push_back((end - begin + stride - 1) / stride);
+  return createOp(builder, loc, opName("slice"), value,
+                  RankedTensorType::get(shape, type.getElementType()),
+                  {builder.getNamedAttr("start_indices",
+                                        builder.getDenseI64ArrayAttr(start)),
+                   builder.getNamedAttr("limit_indices",
+                                        builder.getDenseI64ArrayAttr(limit)),
+                   builder.getNamedAttr("strides",
+                                        builder.getDenseI64ArrayAttr(strides))})
+      ->getResult(0);
+}
+
+Value shlo::buildConcatenate(OpBuilder &builder, Location loc,
+                             ValueRange values, int64_t dimension) {
+  auto first = cast<RankedTensorType>(values.front().getType());
+  llvm::SmallVector<int64_t> shape(first.getShape());
+  shape[dimension] = 0;
+  for (Value value : values)
+    shape[dimension] += cast<RankedTensorType>(value.getType())
+                            .getDimSize(dimension);
+  return createOp(builder, loc, opName("concatenate"), values,
+                  RankedTensorType::get(shape, first.getElementType()),
+                  {builder.getNamedAttr("dimension",
+                                        builder.getI64IntegerAttr(dimension))})
       ->getResult(0);
 }
 

@@ -175,6 +175,13 @@ Value buildReduceAll(OpBuilder &builder, Location loc, Value value,
 /// Broadcasts a rank-0 tensor to `type`'s shape.
 Value buildBroadcastScalar(OpBuilder &builder, Location loc, Value scalar,
                            RankedTensorType type);
+/// `stablehlo.slice` of `value` from `start` to `limit` (exclusive).
+Value buildSlice(OpBuilder &builder, Location loc, Value value,
+                 llvm::ArrayRef<int64_t> start, llvm::ArrayRef<int64_t> limit,
+                 llvm::ArrayRef<int64_t> strides);
+/// `stablehlo.concatenate` of `values` along `dimension`.
+Value buildConcatenate(OpBuilder &builder, Location loc, ValueRange values,
+                       int64_t dimension);
 /// Builds a `stablehlo.return` (the terminator of StableHLO regions).
 Operation *buildRegionReturn(OpBuilder &builder, Location loc,
                              ValueRange values);

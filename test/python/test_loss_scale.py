@@ -84,7 +84,8 @@ def jmp_adjust(loss_scale: float, counter: int, grads_finite: bool,
 
 def contract_update(scale: float, counter: int, finite: bool,
                     c: Config) -> tuple[float, int]:
-  """The rule of the issue: on overflow max(min_scale, scale * backoff) and
+  """The rule amp-loss-scale builds (Passes.td): on overflow
+  max(min_scale, scale * backoff) and
   the counter resets; after growth_interval finite steps scale * growth
   unless that overflows f32 or passes max_scale."""
   if not finite:

@@ -5,8 +5,7 @@ module verifies with jaxlib, compiles and runs through XLA:CPU, matches the
 f32 program within the compute dtype's tolerance, keeps exp/log/sum
 reductions (and the rest of the deny class) f32, lowers dots (and, on GPU,
 convolutions), converts no value twice to one type, and its optimized HLO has
-no dot XLA:CPU cannot execute (DESIGN.md, "XLA:CPU legality of
-mixed-precision dots").
+no dot XLA:CPU cannot execute (README, "Targets"; passes/CpuDotLayout.h).
 """
 
 from __future__ import annotations
@@ -147,7 +146,7 @@ def check_allow_ops(module: ir.Module, name: str, operand_type: str) -> list[str
 
 # -- HLO (post-compile) dot check ----------------------------------------------
 
-# XLA:CPU's DotThunk kernels (DESIGN.md): same-type float/int/complex dots and
+# XLA:CPU's DotThunk kernels: same-type float/int/complex dots and
 # s8 x s8 -> s32. Any other dot runs only inside a YNN fusion.
 _DOT_THUNK_TYPES = {"bf16", "f16", "f32", "f64", "c64", "c128", "s8", "s16",
                     "s32", "s64", "u8", "u16", "u32", "u64"}
@@ -529,7 +528,7 @@ def _dg(a, b, contracting, **kwargs):
   return lax.dot_general(a, b, (contracting, ((), ())), **kwargs)
 
 
-# DESIGN.md's known-bad form (a mixed dot whose result is transposed, which
+# The known-bad form (a mixed dot whose result is transposed, which
 # XLA folds into a dot YNNPACK does not claim), written two ways.
 _KNOWN_BAD = {
     "dot_general_then_transpose": lambda a, b: _dg(
@@ -576,7 +575,7 @@ def test_checker_does_not_flag_dots_that_run(form: str):
 
 
 def test_checker_accepts_native_mixed_dot():
-  """The NT-canonical bf16 x bf16 -> f32 dot (DESIGN.md) runs in a YNN
+  """The NT-canonical bf16 x bf16 -> f32 dot (CpuDotLayout.h) runs in a YNN
   fusion: the checker finds it there, does not flag it, and it runs."""
   b_t = jnp.asarray(_B.T)                     # [24, 32], a materialized array
   compiled = jax.jit(lambda a, bt: lax.dot_general(

@@ -269,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         outputs.append(result.text(emit, args.debug_info))
       for diagnostic in result.diagnostics:
         print(diagnostic, file=sys.stderr)
+      if result.calibration is not None:
+        print(result.calibration, file=sys.stderr)
       if args.report and result.report is not None:
         print(result.report, file=sys.stderr)
     except pl.AmpError as error:

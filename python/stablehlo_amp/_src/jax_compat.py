@@ -201,6 +201,16 @@ def unwrap_jit(fun: Callable) -> Callable:
   return getattr(fun, "_fun", None) or getattr(fun, "__wrapped__", fun)
 
 
+def lowered_text(lowered: Any, debug_info: bool = False) -> str:
+  """`jax.stages.Lowered.as_text(debug_info=...)`; before jax 0.5 `as_text`
+  takes no `debug_info` (and prints locations as the config says), so the
+  module is printed here the same way."""
+  if "debug_info" in inspect.signature(lowered.as_text).parameters:
+    return lowered.as_text(debug_info=debug_info)
+  return lowered.compiler_ir("stablehlo").operation.get_asm(
+      enable_debug_info=debug_info)
+
+
 @functools.cache
 def primitive_class() -> type:
   """`jax.extend.core.Primitive` (jax.core.Primitive before it moved)."""

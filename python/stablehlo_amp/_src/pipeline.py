@@ -89,13 +89,18 @@ class RewriteOptions:
   keep_f32: tuple[str, ...] = ()
   force_compute: tuple[str, ...] = ()
   keep_groups: tuple[int, ...] = ()
+  # amp-fp8-gemms, run when the policy has gemm=f8...: per-tensor scaling
+  # from this step's amax ("current") or an amax history ("delayed").
+  fp8_scaling: str = "current"
+  amax_history: int = 16
 
   @classmethod
   def make(cls, *, level: str | None = None, target: str | None = None,
            dot_result: str | None = None, storage: str | None = None,
            keep_f32: str | Iterable[str] | None = (),
            force_compute: str | Iterable[str] | None = (),
-           keep_groups: Iterable[int] = ()) -> "RewriteOptions":
+           keep_groups: Iterable[int] = (), fp8_scaling: str = "current",
+           amax_history: int = 16) -> "RewriteOptions":
     pass_name = contract.INSERT_CONVERTS
 
     def choice(name: str, value: str | None, target_name: str = "gpu") -> str:
@@ -118,10 +123,18 @@ class RewriteOptions:
     groups = tuple(int(g) for g in keep_groups)
     if any(g < 0 for g in groups):
       raise ValueError(f"keep_groups must be non-negative, got {groups}")
+    fp8 = contract.document()["passes"][contract.FP8_GEMMS]["options"]
+    if fp8_scaling not in fp8["scaling"]["choices"]:
+      raise ValueError(f"unknown fp8_scaling {fp8_scaling!r} (accepted: "
+                       f"{', '.join(fp8['scaling']['choices'])})")
+    if not isinstance(amax_history, int) or amax_history < 1:
+      raise ValueError(f"amax_history must be a positive integer, got "
+                       f"{amax_history!r}")
     return cls(level=choice("level", level), target=target,
                dot_result=choice("dot_result", dot_result),
                storage=choice("storage", storage or "", target),
-               keep_f32=keep, force_compute=force, keep_groups=groups)
+               keep_f32=keep, force_compute=force, keep_groups=groups,
+               fp8_scaling=fp8_scaling, amax_history=amax_history)
 
   def replace(self, **changes) -> "RewriteOptions":
     return dataclasses.replace(self, **changes)
@@ -152,13 +165,17 @@ def build_pipeline(policy: Policy, options: RewriteOptions, *,
   """The pass pipeline `amp.rewrite` and `amp-opt` run; `loss_scale` holds
   the options of an `amp-loss-scale` pass to run after the precision
   rewrite."""
+  fields = dataclasses.asdict(options)
+  fp8_options = dict(gemm=policy.gemm, scaling=fields.pop("fp8_scaling"),
+                     amax_history=fields.pop("amax_history"), report=report)
   insert = _pass_text(contract.INSERT_CONVERTS,
-                      dict(policy=str(policy), **dataclasses.asdict(options),
-                           report=report))
+                      dict(policy=str(policy), **fields, report=report))
   if options.level == "O0" and not loss_scale:
     # O0 is the identity: not even the convert cleanup runs.
     return f"builtin.module({insert})"
   passes = [insert]
+  if policy.gemm != "compute" and options.level != "O0":
+    passes.append(_pass_text(contract.FP8_GEMMS, fp8_options))
   if loss_scale:
     passes.append(_pass_text(contract.LOSS_SCALE, loss_scale))
   passes.append(contract.SIMPLIFY_CONVERTS)
@@ -277,6 +294,7 @@ class RewriteResult:
     self._report = report
     self._make_report = make_report
     self.form = form or SourceForm()
+    self.calibration = None  # set by calibration: what it kept and why
 
   @property
   def report(self) -> Report | None:

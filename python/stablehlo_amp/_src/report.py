@@ -99,6 +99,12 @@ class Report:
     return collections.Counter(d.op for d in self.decisions if d.stored)
 
   @property
+  def fp8_gemms(self) -> list[OpDecision]:
+    """The dots that take FP8 operands (`gemm` names the formats)."""
+    return [d for d in self.decisions
+            if d.gemm and not d.gemm.startswith("not eligible")]
+
+  @property
   def kept_f32_reasons(self) -> dict[str, collections.Counter]:
     reasons: dict[str, collections.Counter] = {}
     for d in self.decisions:
@@ -151,10 +157,21 @@ class Report:
     if stored:
       lines.append(f"  f32 results stored in {compute}: "
                    f"{_ops(sum(stored.values()))} ({names(stored)})")
+    fp8 = [d for d in self.decisions if d.gemm and
+           not d.gemm.startswith("not eligible")]
+    if fp8:
+      formats = collections.Counter(d.gemm for d in fp8)
+      lines.append(f"  FP8 GEMMs: {_ops(len(fp8))} (" + ", ".join(
+          f"{text}: {n}" for text, n in formats.most_common()) + ")")
+    ineligible = collections.Counter(
+        d.gemm for d in self.decisions if d.gemm.startswith("not eligible"))
+    for text, n in ineligible.most_common():
+      lines.append(f"  kept in {compute}, {text}: {_ops(n)}")
     unchanged = self.unchanged
     if unchanged:
-      lines.append(f"  left as they are (no f32 values): "
-                   f"{_ops(sum(unchanged.values()))} ({names(unchanged)})")
+      lines.append(f"  left as they are (no f32 values, or already low "
+                   f"precision): {_ops(sum(unchanged.values()))} "
+                   f"({names(unchanged)})")
     lines.append(f"  converts inserted: {self.converts_inserted} "
                  f"(module has {self.converts_total})")
     if self.bytes_before or self.bytes_after:

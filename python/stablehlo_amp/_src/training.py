@@ -24,7 +24,7 @@ from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
 from stablehlo_amp._src.loss_scale import LossScale, default_loss_scale
 from stablehlo_amp._src.policy import Policy, as_policy
-from stablehlo_amp._src.transform import Lowered, _is_float, _is_f32, _name
+from stablehlo_amp._src.transform import Lowered, _is_float, _name
 
 
 def _leaves(tree: Any) -> list:
@@ -82,9 +82,8 @@ def _split_floats(tree: Any) -> tuple[list, Callable]:
 
 def _grad_of_floats(loss_fn: Callable, params: Any, seed: jax.Array, *,
                     has_aux: bool, user_fun: Callable) -> tuple[Any, Any, Any]:
-  """(loss, aux, grads): `grads` has params' structure, gradients on the
-  float leaves and zeros of the leaf's own dtype on the others (integer
-  counters), so optimizers leave those untouched."""
+  """(loss, aux, grads): `grads` has params' structure, with gradients on
+  the float leaves and None on the others (integer counters, PRNG keys)."""
   floats, rebuild = _split_floats(params)
   fun = lambda *f: loss_fn(rebuild(f))
   if has_aux:
@@ -94,10 +93,43 @@ def _grad_of_floats(loss_fn: Callable, params: Any, seed: jax.Array, *,
     aux = None
   _check_scalar_loss(loss, user_fun, has_aux)
   grads = vjp(seed.astype(jnp.result_type(loss)))
-  zeros = jax.tree_util.tree_map(
-      lambda x: x if _is_float(x) else jnp.zeros_like(x), params)
-  grads_tree = _split_floats(zeros)[1](prog.mark_gradients(list(grads)))
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  marked = iter(prog.mark_gradients(list(grads)))
+  grads_tree = jax.tree_util.tree_unflatten(
+      treedef, [next(marked) if _is_float(x) else None for x in leaves])
   return loss, aux, grads_tree
+
+
+def _optimizer_view(params: Any) -> Any:
+  """What the optimizer sees of the parameters: the float leaves in f32 (f64
+  kept) and None in place of the others, as `eqx.filter(params,
+  eqx.is_inexact_array)` gives; so integer counters and PRNG keys get no
+  optimizer state and no update."""
+  def view(x):
+    if not _is_float(x):
+      return None
+    if jnp.dtype(x.dtype) == jnp.dtype(jnp.float64):
+      return x
+    return x.astype(jnp.float32)
+  return jax.tree_util.tree_map(view, params)
+
+
+def _check_same_types(what: str, given: Any, returned: Any) -> None:
+  """A step's new state must have the structure, shapes and dtypes of the
+  state it was given (it is kept or discarded leaf by leaf, and the next
+  step takes it). TypeError naming the first leaf that differs."""
+  def describe(x) -> str:
+    return f"{jnp.dtype(x.dtype).name}{list(x.shape)}"
+  prefix = f"{what} with the structure, shapes and dtypes of the one given"
+  given_paths = jax.tree_util.tree_flatten_with_path(given)
+  returned_paths = jax.tree_util.tree_flatten_with_path(returned)
+  if given_paths[1] != returned_paths[1]:
+    raise TypeError(f"{prefix}: expected the structure {given_paths[1]}, "
+                    f"got {returned_paths[1]}")
+  for (path, a), (_, b) in zip(given_paths[0], returned_paths[0]):
+    if a.shape != b.shape or jnp.dtype(a.dtype) != jnp.dtype(b.dtype):
+      raise TypeError(f"{prefix}: at {jax.tree_util.keystr(path) or 'the root'}"
+                      f" expected {describe(a)}, got {describe(b)}")
 
 
 class _LossScaledProgram:
@@ -148,62 +180,79 @@ class ValueAndGrad(_LossScaledProgram):
     super().__init__(fun, policy, options)
     self.has_aux = has_aux
     self.argnums = argnums
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    if not nums:
-      raise ValueError("argnums must name at least one argument")
+    if isinstance(argnums, int):
+      nums = (argnums,)
+    else:
+      nums = tuple(argnums)
+      if not nums:
+        raise ValueError("argnums must name at least one argument, got ()")
+    if not all(isinstance(n, int) for n in nums):
+      raise TypeError(f"argnums must be an int or a sequence of ints, got "
+                      f"{argnums!r}")
     self._nums = nums
 
-    def module_fn(diff, rest, seed):
+    def module_fn(diff: dict, rest: dict, kwargs: dict, seed):
+      # `diff` and `rest` map positions to arguments: the positions are
+      # pytree keys, so they are part of the signature the program is for.
       def loss_of(d):
-        args = self._merge(d, rest)
-        return fun(*args)
-      loss, aux, grads = _grad_of_floats(loss_of, diff, seed,
-                                         has_aux=has_aux, user_fun=fun)
-      return loss, aux, grads
+        merged = {**d, **rest}
+        return fun(*[merged[i] for i in range(len(merged))], **kwargs)
+      return _grad_of_floats(loss_of, diff, seed, has_aux=has_aux,
+                             user_fun=fun)
 
     self._inner = jax.jit(module_fn)
     self._outer = jax.jit(self._traced)
 
-  def _merge(self, diff: tuple, rest: tuple) -> list:
-    count = len(diff) + len(rest)
-    diff_iter, rest_iter = iter(diff), iter(rest)
-    return [next(diff_iter) if i in self._nums else next(rest_iter)
-            for i in range(count)]
-
-  def _split(self, args: tuple) -> tuple[tuple, tuple]:
+  def _positions(self, count: int) -> tuple[int, ...]:
+    """`argnums` as positions among `count` positional arguments."""
     for n in self._nums:
-      if not -len(args) <= n < len(args):
-        raise ValueError(f"argnums {self.argnums} out of range for "
-                         f"{len(args)} arguments")
-    nums = {n % len(args) for n in self._nums}
-    self._nums = tuple(sorted(nums))
-    return (tuple(a for i, a in enumerate(args) if i in nums),
-            tuple(a for i, a in enumerate(args) if i not in nums))
+      if not -count <= n < count:
+        raise ValueError(
+            f"argnums={self.argnums!r} needs at least "
+            f"{(n if n >= 0 else -n - 1) + 1} positional arguments, "
+            f"{_name(self.fun)} was called with {count}")
+    return tuple(n % count for n in self._nums)
 
-  def __call__(self, *args, loss_scale: LossScale | None = None):
+  def _split(self, args: tuple) -> tuple[dict, dict]:
+    positions = set(self._positions(len(args)))
+    return ({i: a for i, a in enumerate(args) if i in positions},
+            {i: a for i, a in enumerate(args) if i not in positions})
+
+  def __call__(self, *args, loss_scale: LossScale | None = None, **kwargs):
     if loss_scale is None:
       loss_scale = default_loss_scale(self.policy.compute_dtype)
-    return self._outer(args, loss_scale)
+    return self._outer(args, kwargs, loss_scale)
 
-  def lower(self, *args, loss_scale: LossScale | None = None) -> Lowered:
+  def lower(self, *args, loss_scale: LossScale | None = None,
+            **kwargs) -> Lowered:
     if loss_scale is None:
       loss_scale = default_loss_scale(self.policy.compute_dtype)
-    jax_lowered = self._outer.lower(args, loss_scale)
+    jax_lowered = self._outer.lower(args, kwargs, loss_scale)
     diff, rest = self._split(args)
-    return Lowered(jax_lowered,
-                   self._programs.get(self._key(diff, rest, loss_scale)))
+    return Lowered(jax_lowered, self._programs.get(
+        self._key(diff, rest, kwargs, loss_scale)))
 
-  def _traced(self, args, loss_scale):
+  def _traced(self, args, kwargs, loss_scale):
     diff, rest = self._split(args)
     seed = jnp.ones((), jnp.float32)
-    export_args = (_spec(diff, True), _spec(rest, False), _spec(seed, False))
-    flags = _param_flags(diff) + _no_flags(rest) + [False]
-    leaves = _leaves((diff, rest)) + [seed]
-    program = self._build(self._key(diff, rest, loss_scale), self._inner,
-                          export_args, flags, len(leaves) - 1, loss_scale)
+    export_args = (_spec(diff, True), _spec(rest, False), _spec(kwargs, False),
+                   _spec(seed, False))
+    flags = (_param_flags(diff) + _no_flags(rest) + _no_flags(kwargs) +
+             [False])
+    leaves = _leaves((diff, rest, kwargs)) + [seed]
+    program = self._build(self._key(diff, rest, kwargs, loss_scale),
+                          self._inner, export_args, flags, len(leaves) - 1,
+                          loss_scale)
     outputs, extra = program.call(leaves, loss_scale.state())
     loss, aux, grads = jax.tree_util.tree_unflatten(program.out_tree, outputs)
-    grads = grads[0] if isinstance(self.argnums, int) else grads
+    # Leaves that are not floats (integer counters) get zeros of their own
+    # dtype (jax.grad(allow_int=True) gives float0, which optimizers reject).
+    grads = jax.tree_util.tree_map(
+        lambda g, x: jnp.zeros(jnp.shape(x), jnp.result_type(x))
+        if g is None else g, grads, diff, is_leaf=lambda g: g is None)
+    positions = self._positions(len(args))
+    grads = (grads[positions[0]] if isinstance(self.argnums, int) else
+             tuple(grads[i] for i in positions))
     value = (loss, aux) if self.has_aux else loss
     return ((value, grads), loss_scale.grads_finite(extra),
             loss_scale.with_state(extra))
@@ -215,12 +264,17 @@ def value_and_grad(fun: Callable, policy: Policy | str = "p=f32,c=f16,o=f32",
   """Like `jax.value_and_grad(fun, argnums, has_aux)`, rewritten to `policy`
   with loss scaling inside the compiled program.
 
-  Returns a function ``vg(*args, loss_scale=ls)`` giving
+  Returns a function ``vg(*args, loss_scale=ls, **kwargs)`` giving
   ``(value, grads), grads_finite, new_loss_scale``: gradients unscaled, in
-  f32 for f32 arguments; `loss_scale` defaults to `DynamicLossScale()` for
-  f16 compute and `NoOpLossScale()` otherwise. `options` are those of
-  `amp.transform` (level, target, keep_f32, force_compute, dot_result,
-  storage).
+  f32 for f32, bf16 and f16 arguments alike (they are unscaled and checked
+  in f32; a cast to f16 could overflow after the check). As in JAX, `argnums` is a position (negative ones
+  count from the end) or a sequence of them (`grads` is then a tuple in
+  that order), and keyword arguments are not differentiated. The float
+  leaves of the differentiated arguments are the parameters (they take the
+  ``p=`` dtype, f64 kept); their other leaves get zero gradients of their
+  own dtype. `loss_scale` defaults to `DynamicLossScale()` for f16 compute
+  and `NoOpLossScale()` otherwise. `options` are those of `amp.transform`
+  (level, target, keep_f32, force_compute, dot_result, storage).
 
   >>> import jax.numpy as jnp, stablehlo_amp as amp
   >>> vg = amp.value_and_grad(lambda w, x: jnp.sum((x @ w) ** 2))
@@ -277,33 +331,33 @@ class TrainStep(_LossScaledProgram):
             lambda p: loss_fn(p, batch), params, seed, has_aux=has_aux,
             user_fun=loss_fn)
         new_state = None
-      # The optimizer works on f32 values of the parameters.
-      full = jax.tree_util.tree_map(
-          lambda x: x.astype(jnp.float32) if _is_float(x) and
-          jnp.dtype(x.dtype) != jnp.dtype(jnp.float64) else x, params)
-      updates, opt_state = self.optimizer.update(grads, opt_state, full)
-      new_params = optax.apply_updates(full, updates)
-      # Non-float leaves (integer counters) pass through unchanged.
+      # The optimizer works on f32 values of the float parameters; the
+      # other leaves (integer counters) pass through unchanged.
+      view = _optimizer_view(params)
+      updates, opt_state = self.optimizer.update(grads, opt_state, view)
+      updated = optax.apply_updates(view, updates)
       new_params = jax.tree_util.tree_map(
-          lambda new, old: new if _is_float(old) else old, new_params, params)
+          lambda new, old: old if new is None else new, updated, params,
+          is_leaf=lambda x: x is None)
       return loss, aux, new_params, opt_state, new_state
 
     return module_fn
 
   def init(self, params: Any, model_state: Any = None) -> TrainState:
-    """The first state: parameters (in the `p=` dtype), optimizer state
-    (made from f32 parameters), loss-scale state, model state.
+    """The first state: parameters (float leaves in the `p=` dtype, f64
+    kept), optimizer state (made from the float parameters in f32, None in
+    place of the others), loss-scale state, model state.
 
     With `donate=True` the step consumes its state, so `init` copies the
     arrays it is given: the caller's `params` stay valid."""
     copy = ((lambda x: jnp.array(x, copy=True)) if self.donate else
             (lambda x: x))
     params = jax.tree_util.tree_map(copy, params)
-    opt_state = self.optimizer.init(params)
+    opt_state = self.optimizer.init(_optimizer_view(params))
     params = jax.tree_util.tree_map(
         lambda x: x.astype(self.policy.param_dtype)
-        if _is_f32(x) or (_is_float(x) and jnp.dtype(x.dtype) !=
-                          jnp.dtype(jnp.float64)) else x, params)
+        if _is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
+        else x, params)
     model_state = jax.tree_util.tree_map(copy, model_state)
     return TrainState(params, opt_state, self._initial_loss_scale,
                       jnp.zeros((), jnp.int32), model_state)
@@ -332,6 +386,10 @@ class TrainStep(_LossScaledProgram):
     # after the loss and aux; each is the new value of the input leaf in the
     # same place, kept only when the gradients are finite.
     out_shapes = jax.eval_shape(inner, *export_args)
+    _check_same_types(f"{_name(self.fun)} must return a new model state",
+                      export_args[2], out_shapes[4])
+    _check_same_types("the optimizer's update must return an optimizer state",
+                      export_args[1], out_shapes[3])
     loss_aux = len(_leaves(out_shapes[:2]))
     carried = len(_leaves((params, opt_state, model_state)))
     state_leaves = [(loss_aux + i, i) for i in range(carried)]
@@ -367,7 +425,10 @@ def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
   Gradient transformations in `optimizer` (clipping in an optax chain) see
   unscaled gradients. An overflowed step leaves parameters, optimizer state
   and model state bit-identical and counts in ``metrics["skipped_steps"]``.
-  Non-float leaves of `params` (integer counters) pass through unchanged.
+  Non-float leaves of `params` (integer counters) pass through unchanged:
+  the optimizer sees None in their place (as with `eqx.filter`), so they
+  have no optimizer state; the new model state must have the structure,
+  shapes and dtypes of the one given.
   ``p=bf16`` stores the parameters in bf16 (the update is computed in f32
   and rounded once per step; the optimizer state stays f32). `loss_scale`
   defaults to `DynamicLossScale()` for f16 compute and `NoOpLossScale()`

@@ -8,12 +8,16 @@ transformations, each derived program mixed precision in turn:
   signature (`jax.export`), rewritten by the C++ passes, verified by jaxlib
   and inlined where it is called (`Exported.call`);
 - `jax.jvp`: the tangent program ``jvp(fun)`` is transformed the same way;
-  it is linear in the tangents, and its transpose (what `jax.grad` and
-  `jax.vjp` need) is the transformed ``vjp`` program;
+  it is linear in the tangents. Its transpose (what `jax.grad` and `jax.vjp`
+  need) is the transformed ``vjp(fun)`` program, made by reverse mode on the
+  function itself, so `custom_vjp` rules apply and under `jax.grad` the
+  tangent program is never built;
 - `jax.vmap`: the batched program ``vmap(fun)`` is transformed.
 
 So `jax.grad(lambda w: fast(w, x).sum())` runs a rewritten forward and a
-rewritten backward program, and nesting works the same way.
+rewritten backward program, and nesting works the same way. A derived
+program that cannot be rewritten (a host callback in a backward rule) runs
+unchanged, with a warning, as the function itself does.
 """
 
 from __future__ import annotations
@@ -72,10 +76,14 @@ class _Spec:
   def __init__(self, fun: Callable, *, name: str, policy: Policy,
                options: pl.RewriteOptions,
                param_rule: Callable[[Sequence[Any]], list[bool]],
-               linear: tuple[bool, ...] | None = None,
                in_shardings: Sequence[Any] | None = None,
-               out_shardings: Callable[[], Sequence[Any]] | None = None):
+               out_shardings: Callable[[], Sequence[Any]] | None = None,
+               tangent_of: tuple["_Spec", tuple[bool, ...]] | None = None,
+               derived: bool = False):
     self.fun = fun
+    # A derived program (a JVP, VJP or batched program) that cannot be
+    # rewritten runs unchanged, with a warning, as the function itself does.
+    self.derived = derived
     # Per input leaf, and (once the outputs are known) per output leaf: the
     # shardings the user asked `jax.jit` for, so the export carries them.
     self.in_shardings = in_shardings
@@ -84,33 +92,64 @@ class _Spec:
     self.policy = policy
     self.options = options
     self.param_rule = param_rule
-    self.linear = linear
-    self._programs: dict[Hashable, prog.Program] = {}
+    # For a tangent program: the spec it is the derivative of, and which of
+    # that spec's inputs are floats (they have tangents).
+    self.tangent_of = tangent_of
+    self._programs: dict[Hashable, prog.Program | None] = {}
     self._children: dict[Hashable, _Spec] = {}
     self._bind = None
     self.builds = 0  # programs built (cache misses)
 
-  def program(self, avals: Sequence[Any]) -> prog.Program:
+  def program(self, avals: Sequence[Any]) -> prog.Program | None:
+    """The rewritten program for these avals; None for a derived program
+    that cannot be rewritten (it runs as it is)."""
     key = _aval_key(avals)
-    program = self._programs.get(key)
-    if program is None:
-      flags = self.param_rule(avals)
-      shardings = self.in_shardings or [None] * len(avals)
-      specs = [jax.ShapeDtypeStruct(
-          a.shape, jnp.float32 if flag else a.dtype,
-          weak_type=bool(getattr(a, "weak_type", False)), sharding=sharding)
-               for a, flag, sharding in zip(avals, flags, shardings)]
-      jit_options = {}
-      if self.out_shardings is not None:
-        jax.eval_shape(self.fun, *specs)  # the output structure, for
-        jit_options["out_shardings"] = self.out_shardings()
-      program = prog.build(jax.jit(self.fun, **jit_options), specs, {},
-                           param_flags=flags,
-                           policy=self.policy, options=self.options,
-                           source_name=self.name)
-      self._programs[key] = program
-      self.builds += 1
+    if key in self._programs:
+      return self._programs[key]
+    try:
+      program = self._build(avals)
+    except pl.VerificationError:
+      raise
+    except pl.RewriteError as error:
+      if not self.derived:
+        raise
+      warnings.warn(f"stablehlo-amp: cannot rewrite {self.name} ({error}); "
+                    "running the original program", stacklevel=2)
+      program = None
+    self._programs[key] = program
     return program
+
+  def _build(self, avals: Sequence[Any]) -> prog.Program:
+    flags = self.param_rule(avals)
+    shardings = self.in_shardings or [None] * len(avals)
+    specs = [jax.ShapeDtypeStruct(
+        a.shape, jnp.float32 if flag else a.dtype,
+        weak_type=bool(getattr(a, "weak_type", False)), sharding=sharding)
+             for a, flag, sharding in zip(avals, flags, shardings)]
+    jit_options = {}
+    if self.out_shardings is not None:
+      jax.eval_shape(self.fun, *specs)  # the output structure, for
+      jit_options["out_shardings"] = self.out_shardings()
+    program = prog.build(jax.jit(self.fun, **jit_options), specs, {},
+                         param_flags=flags,
+                         policy=self.policy, options=self.options,
+                         source_name=self.name)
+    self.builds += 1
+    return program
+
+  def out_avals(self, avals: Sequence[Any]) -> list[Any]:
+    """The avals of the outputs, without building a program where they are
+    known: a tangent program's outputs are the tangents of its primal
+    program's float outputs, in their dtypes. (Under `jax.grad` the tangent
+    program is only transposed, never run, so it is never built.)"""
+    if self.tangent_of is not None:
+      primal, float_in = self.tangent_of
+      outputs = primal.out_avals(avals[:len(float_in)])
+      return [a for a in outputs if jnp.issubdtype(a.dtype, jnp.floating)]
+    program = self.program(avals)
+    outputs = (program.out_avals if program is not None else
+               jax.eval_shape(self.fun, *avals))
+    return [jax_compat.shaped_array(tuple(a.shape), a.dtype) for a in outputs]
 
   def cached_program(self, avals: Sequence[Any]) -> prog.Program | None:
     return self._programs.get(_aval_key(avals))
@@ -123,9 +162,11 @@ class _Spec:
 
   def child(self, fun: Callable, suffix: str,
             param_rule: Callable[[Sequence[Any]], list[bool]],
-            linear: tuple[bool, ...] | None) -> "_Spec":
+            tangent_of: tuple["_Spec", tuple[bool, ...]] | None = None
+            ) -> "_Spec":
     return _Spec(fun, name=f"{self.name}.{suffix}", policy=self.policy,
-                 options=self.options, param_rule=param_rule, linear=linear)
+                 options=self.options, param_rule=param_rule,
+                 tangent_of=tangent_of, derived=True)
 
   def bind_jitted(self) -> Callable:
     if self._bind is None:
@@ -138,8 +179,7 @@ amp_call_p.multiple_results = True
 
 
 def _abstract_eval(*avals, spec: _Spec):
-  return [jax_compat.shaped_array(tuple(a.shape), a.dtype)
-          for a in spec.program(avals).out_avals]
+  return spec.out_avals(avals)
 
 
 def _impl(*args, spec: _Spec):
@@ -148,8 +188,16 @@ def _impl(*args, spec: _Spec):
 
 def _lowering(ctx, *args, spec: _Spec):
   program = spec.program(ctx.avals_in)
-  return jax_mlir.lower_fun(lambda *leaves: program.call(leaves)[0],
-                            multiple_results=True)(ctx, *args)
+  dtypes = [a.dtype for a in ctx.avals_out]
+
+  def call(*leaves):
+    outputs = (program.call(leaves)[0] if program is not None else
+               spec.fun(*leaves))
+    # Where the avals were known without the program (tangents), the
+    # program's own dtypes are the same; the cast makes it certain.
+    return [o.astype(dtype) if o.dtype != dtype else o
+            for o, dtype in zip(outputs, dtypes)]
+  return jax_mlir.lower_fun(call, multiple_results=True)(ctx, *args)
 
 
 amp_call_p.def_abstract_eval(_abstract_eval)
@@ -157,9 +205,14 @@ amp_call_p.def_impl(_impl)
 jax_mlir.register_lowering(amp_call_p, _lowering)
 
 
+def _float_inputs(avals: Sequence[Any]) -> tuple[bool, ...]:
+  return tuple(bool(jnp.issubdtype(a.dtype, jnp.floating)) for a in avals)
+
+
 def _jvp_spec(spec: _Spec, float_in: tuple[bool, ...]) -> _Spec:
   """The tangent program: primals and the float inputs' tangents in, the
-  float outputs' tangents out; linear in the tangents."""
+  float outputs' tangents out; linear in the tangents. Built only when
+  forward mode runs it (`jax.jvp`, `jax.jacfwd`, `jax.linearize`)."""
   n = len(float_in)
 
   def tangents_fun(*leaves):
@@ -175,13 +228,12 @@ def _jvp_spec(spec: _Spec, float_in: tuple[bool, ...]) -> _Spec:
     return list(spec.param_rule(avals[:n])) + [False] * (len(avals) - n)
 
   return spec.child(tangents_fun, "jvp", param_rule,
-                    (False,) * n + (True,) * sum(float_in))
+                    tangent_of=(spec, float_in))
 
 
 def _jvp_rule(primals, tangents, *, spec: _Spec):
   outputs = amp_call_p.bind(*primals, spec=spec)
-  float_in = tuple(bool(jnp.issubdtype(jnp.result_type(p), jnp.floating))
-                   for p in primals)
+  float_in = _float_inputs([jax_compat.aval_of(p) for p in primals])
   given = [ad.instantiate_zeros(t) for t, is_float in zip(tangents, float_in)
            if is_float]
   tangent_spec = spec.derive(("jvp", float_in),
@@ -190,17 +242,46 @@ def _jvp_rule(primals, tangents, *, spec: _Spec):
   result = []
   for output in outputs:
     if jnp.issubdtype(jnp.result_type(output), jnp.floating):
-      result.append(next(out_tangents).astype(jnp.result_type(output)))
+      result.append(next(out_tangents))
     else:
       result.append(jax_compat.zero_tangent(output))
   return outputs, result
 
 
+def _vjp_spec(primal: _Spec, float_in: tuple[bool, ...],
+              wanted: tuple[bool, ...]) -> _Spec:
+  """The transpose of `primal`'s tangent program, as `primal`'s own VJP:
+  primals and the float outputs' cotangents in, the cotangents of the float
+  inputs `wanted` selects out. It differentiates the function in reverse
+  mode (custom_vjp rules apply), never through its JVP."""
+  n = len(float_in)
+  floats = [i for i, is_float in enumerate(float_in) if is_float]
+
+  def cotangents_fun(*leaves):
+    primals, cotangents = list(leaves[:n]), leaves[n:]
+
+    def of_floats(*values):
+      args = list(primals)
+      for i, value in zip(floats, values):
+        args[i] = value
+      return [o for o in primal.fun(*args) if _is_float(o)]
+
+    outputs, vjp = jax.vjp(of_floats, *[primals[i] for i in floats])
+    grads = vjp([c.astype(o.dtype) for c, o in zip(cotangents, outputs)])
+    return [g for g, keep in zip(grads, wanted) if keep]
+
+  def param_rule(avals):
+    return list(primal.param_rule(avals[:n])) + [False] * (len(avals) - n)
+
+  return primal.child(cotangents_fun, "vjp", param_rule)
+
+
 def _transpose_spec(spec: _Spec, linear: tuple[bool, ...],
-                    linear_avals: tuple[Any, ...],
-                    num_cotangents: int) -> _Spec:
-  """The transpose of a spec linear in `linear` inputs: the other inputs and
-  the output cotangents in, the linear inputs' cotangents out."""
+                    linear_avals: tuple[Any, ...]) -> _Spec:
+  """The transpose of a spec linear in its `linear` inputs, by reverse mode
+  through it (for tangent programs that went through `jax.vmap` first, and
+  `jax.linear_transpose` of a linear function): the other inputs and the
+  output cotangents in, the linear inputs' cotangents out."""
   k = linear.count(False)
 
   def merge(fixed, moving):
@@ -220,18 +301,27 @@ def _transpose_spec(spec: _Spec, linear: tuple[bool, ...],
     return [f for f, is_linear in zip(flags, linear) if not is_linear] + \
         [False] * (len(avals) - k)
 
-  return spec.child(cotangents_fun, "vjp", param_rule,
-                    (False,) * k + (True,) * num_cotangents)
+  return spec.child(cotangents_fun, "transpose", param_rule)
 
 
 def _transpose_rule(cotangents, *args, spec: _Spec):
   linear = tuple(ad.is_undefined_primal(a) for a in args)
   fixed = [a for a, is_linear in zip(args, linear) if not is_linear]
-  linear_avals = tuple(a.aval for a in args if ad.is_undefined_primal(a))
   cotangents = [ad.instantiate_zeros(c) for c in cotangents]
-  transpose_spec = spec.derive(
-      ("transpose", linear, _aval_key(linear_avals), len(cotangents)),
-      lambda: _transpose_spec(spec, linear, linear_avals, len(cotangents)))
+  if spec.tangent_of is not None and not any(linear[:len(spec.tangent_of[1])]):
+    # A tangent program, transposed in its tangents: the primal's VJP. The
+    # tangents that are not linear (instantiated zeros) do not enter it.
+    primal, float_in = spec.tangent_of
+    n = len(float_in)
+    wanted = linear[n:]
+    fixed = list(args[:n])
+    transpose_spec = primal.derive(("vjp", float_in, wanted),
+                                   lambda: _vjp_spec(primal, float_in, wanted))
+  else:
+    linear_avals = tuple(a.aval for a in args if ad.is_undefined_primal(a))
+    transpose_spec = spec.derive(
+        ("transpose", linear, _aval_key(linear_avals)),
+        lambda: _transpose_spec(spec, linear, linear_avals))
   results = iter(amp_call_p.bind(*fixed, *cotangents, spec=transpose_spec))
   return [next(results).astype(a.aval.dtype) if is_linear else None
           for a, is_linear in zip(args, linear)]
@@ -242,7 +332,7 @@ def _batch_rule(args, dims, *, spec: _Spec):
 
   def make() -> _Spec:
     batched = jax.vmap(spec.fun, in_axes=dims, out_axes=0)
-    return spec.child(batched, "vmap", spec.param_rule, spec.linear)
+    return spec.child(batched, "vmap", spec.param_rule)
 
   batched_spec = spec.derive(("vmap", dims), make)
   outputs = amp_call_p.bind(*args, spec=batched_spec)
@@ -288,6 +378,10 @@ def _parameters(fun: Callable) -> list[inspect.Parameter]:
 
 def _check_params(fun: Callable, params: tuple) -> None:
   """Names in `params=` must name arguments; ValueError lists the nearest."""
+  for entry in params:
+    if isinstance(entry, bool) or not isinstance(entry, (int, str)):
+      raise TypeError(f"params must name arguments by position (int) or name "
+                      f"(str), got {entry!r} ({type(entry).__name__})")
   parameters = _parameters(fun)
   if not parameters or any(p.kind == p.VAR_KEYWORD for p in parameters):
     return

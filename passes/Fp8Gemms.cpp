@@ -1,0 +1,327 @@
+//===- Fp8Gemms.cpp - Scaled FP8 operands for eligible matrix multiplies --===//
+//
+// amp-fp8-gemms: the quantize-dequantize pattern (convert to FP8 of a
+// clamped, scaled value; convert back times the scale) that XLA's GPU GEMM
+// rewriter turns into a cuBLASLt FP8 GEMM on Hopper, built around each
+// eligible dot. XLA:CPU emulates the converts, so the numerics can be tested
+// anywhere.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Contract.h"
+#include "Passes.h"
+#include "Policy.h"
+#include "StableHLO.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/DenseSet.h"
+
+#include <cfloat>
+
+namespace mlir::amp {
+#define GEN_PASS_DEF_AMPFP8GEMMSPASS
+#include "Passes.h.inc"
+} // namespace mlir::amp
+
+using namespace mlir;
+using namespace mlir::amp;
+
+namespace {
+
+enum class Scaling { Current, Delayed };
+
+/// The FP8 format of one operand, and what scaling it gets.
+struct OperandPlan {
+  FloatType format;
+  bool gradient = false;
+};
+
+/// Why a dot cannot take FP8 operands, or empty if it can.
+std::string ineligibility(Operation *dot) {
+  std::optional<shlo::DotDimensions> dims = shlo::getDotDimensions(dot);
+  if (!dims)
+    return "dimension numbers not readable";
+  for (Value operand : dot->getOperands()) {
+    auto type = dyn_cast<RankedTensorType>(operand.getType());
+    if (!type || !type.hasStaticShape())
+      return "dynamic shapes";
+  }
+  // A batch of one (XLA:CPU's canonical dot form) is a plain GEMM.
+  auto lhsType = cast<RankedTensorType>(dot->getOperand(0).getType());
+  int64_t batch = 1;
+  for (int64_t d : dims->lhsBatch)
+    batch *= lhsType.getDimSize(d);
+  if (batch != 1)
+    return "batch dimensions (batched products stay in the compute dtype)";
+  auto sizes = [](Value operand, llvm::ArrayRef<int64_t> contracting,
+                  llvm::ArrayRef<int64_t> batchDims) {
+    auto type = cast<RankedTensorType>(operand.getType());
+    int64_t contract = 1, free = 1;
+    for (int64_t d = 0; d < type.getRank(); ++d)
+      if (!llvm::is_contained(batchDims, d))
+        (llvm::is_contained(contracting, d) ? contract : free) *=
+            type.getDimSize(d);
+    return std::make_pair(contract, free);
+  };
+  auto [k, m] = sizes(dot->getOperand(0), dims->lhsContracting,
+                      dims->lhsBatch);
+  auto [k2, n] = sizes(dot->getOperand(1), dims->rhsContracting,
+                       dims->rhsBatch);
+  if (k % 16 || m % 16 || n % 16)
+    return "shape " + std::to_string(m) + "x" + std::to_string(k) + " * " +
+           std::to_string(k2) + "x" + std::to_string(n) +
+           " is not a multiple of 16";
+  return "";
+}
+
+class Fp8GemmsPass final
+    : public amp::impl::AmpFp8GemmsPassBase<Fp8GemmsPass> {
+public:
+  using AmpFp8GemmsPassBase::AmpFp8GemmsPassBase;
+
+  LogicalResult initialize(MLIRContext *context) override;
+  void runOnOperation() override;
+
+private:
+  GemmDtype format = GemmDtype::F8;
+  Scaling scalingMode = Scaling::Current;
+  std::string optionError;
+
+  llvm::DenseSet<Value> gradientValues(ModuleOp module);
+  OperandPlan planOperand(Value operand,
+                          const llvm::DenseSet<Value> &gradients);
+  /// The f32 amax the scale comes from for `operand` of a dot in `main`
+  /// (delayed: from a history appended to main; else current).
+  Value referenceAmax(OpBuilder &builder, Location loc, Value currentAmax,
+                      func::FuncOp main, bool topLevel);
+  Value quantizeDequantize(OpBuilder &builder, Operation *dot, Value operand,
+                           const OperandPlan &plan, func::FuncOp main);
+  void annotate(Operation *dot, llvm::StringRef text);
+};
+
+LogicalResult Fp8GemmsPass::initialize(MLIRContext *context) {
+  bool known = false;
+  for (GemmDtype candidate : allGemmDtypes())
+    for (llvm::StringRef spelling : gemmDtypeSpellings(candidate))
+      if (llvm::StringRef(gemm).trim().lower() == spelling) {
+        format = candidate;
+        known = true;
+      }
+  if (!known || format == GemmDtype::Compute)
+    optionError = "invalid option 'gemm': '" + gemm +
+                  "' is not an FP8 format (accepted: f8, f8e4m3fn, f8e5m2)";
+  else if (scaling == "current")
+    scalingMode = Scaling::Current;
+  else if (scaling == "delayed")
+    scalingMode = Scaling::Delayed;
+  else
+    optionError = "invalid option 'scaling': unknown value '" + scaling +
+                  "' (accepted: current, delayed)";
+  if (optionError.empty() && amaxHistory < 1)
+    optionError = "invalid option 'amax-history': must be at least 1, got " +
+                  std::to_string(amaxHistory);
+  return success();
+}
+
+/// Values derived from the loss cotangent seed or from a cotangent argument:
+/// the backward pass. A dot reading one computes a gradient.
+llvm::DenseSet<Value> Fp8GemmsPass::gradientValues(ModuleOp module) {
+  llvm::DenseSet<Value> tainted;
+  for (auto func : module.getOps<func::FuncOp>()) {
+    if (!func.isPublic() || func.isExternal())
+      continue;
+    for (unsigned i = 0, e = func.getNumArguments(); i < e; ++i)
+      if (func.getArgAttr(i, attr::kLossSeed) ||
+          func.getArgAttr(i, attr::kCotangent))
+        tainted.insert(func.getArgument(i));
+  }
+  module.walk<WalkOrder::PreOrder>([&](Operation *op) {
+    bool any = llvm::any_of(op->getOperands(),
+                            [&](Value v) { return tainted.contains(v); });
+    if (!any)
+      return;
+    // An optimization barrier passes each operand through to its result.
+    if (shlo::is(op, "optimization_barrier")) {
+      for (auto [operand, result] :
+           llvm::zip(op->getOperands(), op->getResults()))
+        if (tainted.contains(operand))
+          tainted.insert(result);
+      return;
+    }
+    tainted.insert(op->result_begin(), op->result_end());
+    for (Region &region : op->getRegions())
+      for (Block &block : region)
+        tainted.insert(block.args_begin(), block.args_end());
+  });
+  return tainted;
+}
+
+OperandPlan Fp8GemmsPass::planOperand(Value operand,
+                                      const llvm::DenseSet<Value> &gradients) {
+  MLIRContext *context = &getContext();
+  OperandPlan plan;
+  plan.gradient = gradients.contains(operand);
+  switch (format) {
+  case GemmDtype::F8E4M3FN:
+    plan.format = Float8E4M3FNType::get(context);
+    break;
+  case GemmDtype::F8E5M2:
+    plan.format = Float8E5M2Type::get(context);
+    break;
+  default:
+    plan.format = plan.gradient
+                      ? static_cast<FloatType>(Float8E5M2Type::get(context))
+                      : static_cast<FloatType>(Float8E4M3FNType::get(context));
+  }
+  return plan;
+}
+
+Value Fp8GemmsPass::referenceAmax(OpBuilder &builder, Location loc,
+                                  Value currentAmax, func::FuncOp main,
+                                  bool topLevel) {
+  if (scalingMode == Scaling::Current || !topLevel)
+    return currentAmax;
+  // The history: one more argument and result of main, newest amax first.
+  Type f32 = builder.getF32Type();
+  auto historyType = RankedTensorType::get({amaxHistory}, f32);
+  unsigned argIndex = main.getNumArguments();
+  DictionaryAttr marker = builder.getDictionaryAttr(
+      {builder.getNamedAttr(attr::kAmaxHistory, builder.getUnitAttr())});
+  if (failed(main.insertArgument(argIndex, historyType, marker, loc)))
+    return currentAmax;
+  Value history = main.getArgument(argIndex);
+  Value past = shlo::buildReduceAll(builder, loc, history, "maximum", 0.0);
+  Value havePast = shlo::buildCompare(
+      builder, loc, past, shlo::buildScalar(builder, loc, f32, 0.0), "GT");
+  Value reference = shlo::buildSelect(builder, loc, havePast, past,
+                                      currentAmax);
+  // Roll: [current, history[0 : N-1]].
+  Value newest = shlo::buildReshape(builder, loc, currentAmax, {1});
+  Value rolled = newest;
+  if (amaxHistory > 1)
+    rolled = shlo::buildConcatenate(
+        builder, loc,
+        {newest, shlo::buildSlice(builder, loc, history, {0},
+                                  {amaxHistory - 1}, {1})},
+        0);
+  Operation *returnOp = main.front().getTerminator();
+  llvm::SmallVector<Value> results(returnOp->getOperands());
+  results.push_back(rolled);
+  main.insertResult(main.getNumResults(), historyType, marker);
+  returnOp->setOperands(results);
+  return reference;
+}
+
+Value Fp8GemmsPass::quantizeDequantize(OpBuilder &builder, Operation *dot,
+                                       Value operand, const OperandPlan &plan,
+                                       func::FuncOp main) {
+  Location loc = dot->getLoc();
+  Type f32 = builder.getF32Type();
+  auto type = cast<RankedTensorType>(operand.getType());
+  auto f32Type = RankedTensorType::get(type.getShape(), f32);
+  double fmax =
+      llvm::APFloat::getLargest(plan.format.getFloatSemantics())
+          .convertToDouble();
+  auto scalar = [&](double v) { return shlo::buildScalar(builder, loc, f32, v); };
+  auto op = [&](llvm::StringRef name, ValueRange operands) {
+    return shlo::buildElementwise(builder, loc, name, operands);
+  };
+  Value wide = shlo::getFloatElementType(type) == f32
+                   ? operand
+                   : shlo::buildConvert(builder, loc, operand, f32);
+  Value amax = shlo::buildReduceAll(builder, loc, op("abs", {wide}),
+                                    "maximum", 0.0);
+  bool topLevel = dot->getParentOp() == main.getOperation();
+  Value reference = referenceAmax(builder, loc, amax, main, topLevel);
+  // A floor keeps an all-zero tensor's scale finite and non-zero.
+  Value scale = op("maximum", {op("divide", {reference, scalar(fmax)}),
+                               scalar(FLT_MIN)});
+  Value scaled = op("divide", {wide, shlo::buildBroadcastScalar(builder, loc,
+                                                                scale,
+                                                                f32Type)});
+  Value clamped = shlo::buildClamp(builder, loc, scalar(-fmax), scaled,
+                                   scalar(fmax));
+  Value quantized = shlo::buildConvert(builder, loc, clamped, plan.format);
+  // Back to the compute dtype, unless its range cannot hold every scale
+  // (f16: a scale below 6e-8 would flush to zero).
+  FloatType element = shlo::getFloatElementType(type);
+  Type dequantized = element.isF16() ? f32 : element;
+  Value scaleBack = dequantized == f32
+                        ? scale
+                        : shlo::buildConvert(builder, loc, scale, dequantized);
+  auto dequantizedType = RankedTensorType::get(type.getShape(), dequantized);
+  return op("multiply",
+            {shlo::buildConvert(builder, loc, quantized, dequantized),
+             shlo::buildBroadcastScalar(builder, loc, scaleBack,
+                                        dequantizedType)});
+}
+
+void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text) {
+  if (!report)
+    return;
+  auto decision = dot->getAttrOfType<DictionaryAttr>(attr::kDecision);
+  if (!decision)
+    return;
+  NamedAttrList fields(decision);
+  fields.set("gemm", StringAttr::get(&getContext(), text));
+  dot->setAttr(attr::kDecision, fields.getDictionary(&getContext()));
+}
+
+void Fp8GemmsPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  if (!optionError.empty()) {
+    module.emitError() << optionError;
+    return signalPassFailure();
+  }
+  auto main = module.lookupSymbol<func::FuncOp>("main");
+  llvm::DenseSet<Value> gradients = gradientValues(module);
+  llvm::SmallVector<Operation *> dots;
+  module.walk([&](Operation *op) {
+    if (!shlo::isDotGeneral(op))
+      return;
+    // Only the dots amp-insert-converts lowered: low-precision operands.
+    auto low = [](Value v) {
+      FloatType element = shlo::getFloatElementType(v.getType());
+      return element && element.getWidth() == 16;
+    };
+    if (low(op->getOperand(0)) && low(op->getOperand(1)))
+      dots.push_back(op);
+  });
+  for (Operation *dot : dots) {
+    std::string reason = ineligibility(dot);
+    if (!reason.empty()) {
+      annotate(dot, "not eligible: " + reason);
+      continue;
+    }
+    llvm::SmallVector<OperandPlan> plans;
+    for (Value operand : dot->getOperands())
+      plans.push_back(planOperand(operand, gradients));
+    if (format == GemmDtype::F8 && isa<Float8E5M2Type>(plans[0].format) &&
+        isa<Float8E5M2Type>(plans[1].format)) {
+      // cuBLASLt multiplies e4m3 by e4m3 or e5m2, never e5m2 by e5m2 (an
+      // explicit gemm=f8e5m2 gets it anyway: XLA then runs it dequantized).
+      annotate(dot, "not eligible: both operands e5m2 (no e5m2 x e5m2 FP8 "
+                    "GEMM)");
+      continue;
+    }
+    OpBuilder builder(dot);
+    std::string formats, separator;
+    bool delayed = scalingMode == Scaling::Delayed && main &&
+                   dot->getParentOp() == main.getOperation();
+    for (OpOperand &operand : dot->getOpOperands()) {
+      const OperandPlan &plan = plans[operand.getOperandNumber()];
+      Value replacement =
+          quantizeDequantize(builder, dot, operand.get(), plan,
+                             delayed ? main : func::FuncOp());
+      formats += separator + (isa<Float8E5M2Type>(plan.format) ? "f8e5m2"
+                                                               : "f8e4m3fn");
+      separator = " x ";
+      operand.set(replacement);
+    }
+    annotate(dot, formats + (delayed ? ", delayed scaling" : ", current scaling"));
+  }
+}
+
+} // namespace

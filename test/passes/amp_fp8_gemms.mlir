@@ -1,0 +1,133 @@
+// amp-fp8-gemms alone, on dots amp-insert-converts lowered (bf16 operands):
+// per-tensor current scaling, the saturating clamp, e4m3fn forward and e5m2
+// for gradient operands (derived from the loss seed), what is not eligible,
+// delayed scaling's amax history, and bad options.
+//
+// RUN: rm -rf %t && split-file %s %t
+// RUN: amp-opt %t/dots.mlir --split-input-file --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8})' | FileCheck %s
+// RUN: amp-opt %t/dots.mlir --split-input-file --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8e5m2})' | FileCheck %s --check-prefix=E5M2
+// RUN: amp-opt %t/dots.mlir --split-input-file --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8 report=true})' --emit generic | FileCheck %s --check-prefix=NOREPORT
+// RUN: amp-opt %t/f32.mlir --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 report=true})' | FileCheck %s --check-prefix=REPORT
+// RUN: amp-opt %t/main.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8 scaling=delayed amax-history=4})' | FileCheck %s --check-prefix=DELAYED
+// RUN: not amp-opt %t/main.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=bf16})' 2>&1 | FileCheck %s --check-prefix=BADGEMM
+// RUN: not amp-opt %t/main.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{scaling=late})' 2>&1 | FileCheck %s --check-prefix=BADSCALING
+// RUN: not amp-opt %t/main.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{scaling=delayed amax-history=0})' 2>&1 | FileCheck %s --check-prefix=BADHISTORY
+
+// BADGEMM: error: invalid option 'gemm': 'bf16' is not an FP8 format (accepted: f8, f8e4m3fn, f8e5m2)
+// BADSCALING: error: invalid option 'scaling': unknown value 'late' (accepted: current, delayed)
+// BADHISTORY: error: invalid option 'amax-history': must be at least 1, got 0
+
+// Without amp-insert-converts there is no decision to add the FP8 one to.
+// NOREPORT-NOT: amp.decision
+
+//--- dots.mlir
+
+// The quantize-dequantize pattern: amax in f32, scale = max(amax / 448,
+// FLT_MIN), x / scale clamped to [-448, 448], converted to f8E4M3FN, then
+// converted back to bf16 and multiplied by the broadcast scale; the dot
+// accumulates in f32.
+
+// CHECK-LABEL: func.func public @forward(
+// CHECK-SAME: %[[X:[^:]*]]: tensor<32x64xbf16>, %[[W:[^:]*]]: tensor<64x16xbf16>
+// CHECK: %[[XF:.*]] = stablehlo.convert %[[X]] : (tensor<32x64xbf16>) -> tensor<32x64xf32>
+// CHECK-NEXT: %[[ABS:.*]] = stablehlo.abs %[[XF]] : tensor<32x64xf32>
+// CHECK-NEXT: %[[ZERO:.*]] = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+// CHECK-NEXT: %[[AMAX:.*]] = stablehlo.reduce(%[[ABS]] init: %[[ZERO]]) applies stablehlo.maximum across dimensions = [0, 1]
+// CHECK-NEXT: %[[FMAX:.*]] = stablehlo.constant dense<4.480000e+02> : tensor<f32>
+// CHECK-NEXT: %[[RATIO:.*]] = stablehlo.divide %[[AMAX]], %[[FMAX]] : tensor<f32>
+// CHECK-NEXT: %[[FLOOR:.*]] = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+// CHECK-NEXT: %[[SCALE:.*]] = stablehlo.maximum %[[RATIO]], %[[FLOOR]] : tensor<f32>
+// CHECK-NEXT: %[[SB:.*]] = stablehlo.broadcast_in_dim %[[SCALE]], dims = [] : (tensor<f32>) -> tensor<32x64xf32>
+// CHECK-NEXT: %[[SCALED:.*]] = stablehlo.divide %[[XF]], %[[SB]] : tensor<32x64xf32>
+// CHECK-NEXT: %[[HI:.*]] = stablehlo.constant dense<4.480000e+02> : tensor<f32>
+// CHECK-NEXT: %[[LO:.*]] = stablehlo.constant dense<-4.480000e+02> : tensor<f32>
+// CHECK-NEXT: %[[CLAMPED:.*]] = stablehlo.clamp %[[LO]], %[[SCALED]], %[[HI]] : (tensor<f32>, tensor<32x64xf32>, tensor<f32>) -> tensor<32x64xf32>
+// CHECK-NEXT: %[[Q:.*]] = stablehlo.convert %[[CLAMPED]] : (tensor<32x64xf32>) -> tensor<32x64xf8E4M3FN>
+// CHECK-NEXT: %[[SBF:.*]] = stablehlo.convert %[[SCALE]] : (tensor<f32>) -> tensor<bf16>
+// CHECK-NEXT: %[[DQ:.*]] = stablehlo.convert %[[Q]] : (tensor<32x64xf8E4M3FN>) -> tensor<32x64xbf16>
+// CHECK-NEXT: %[[SBB:.*]] = stablehlo.broadcast_in_dim %[[SBF]], dims = [] : (tensor<bf16>) -> tensor<32x64xbf16>
+// CHECK-NEXT: %[[LHS:.*]] = stablehlo.multiply %[[DQ]], %[[SBB]] : tensor<32x64xbf16>
+// CHECK: stablehlo.convert %{{.*}} : (tensor<64x16xf32>) -> tensor<64x16xf8E4M3FN>
+// CHECK: %[[RHS:.*]] = stablehlo.multiply %{{.*}}, %{{.*}} : tensor<64x16xbf16>
+// CHECK-NEXT: stablehlo.dot_general %[[LHS]], %[[RHS]], contracting_dims = [1] x [0] : (tensor<32x64xbf16>, tensor<64x16xbf16>) -> tensor<32x16xf32>
+
+// gemm=f8e5m2 gives every operand e5m2 (fmax 57344).
+// E5M2-LABEL: func.func public @forward(
+// E5M2: stablehlo.constant dense<5.734400e+04> : tensor<f32>
+// E5M2: stablehlo.convert %{{.*}} : (tensor<32x64xf32>) -> tensor<32x64xf8E5M2>
+// E5M2: stablehlo.convert %{{.*}} : (tensor<64x16xf32>) -> tensor<64x16xf8E5M2>
+// E5M2-NOT: f8E4M3FN
+func.func public @forward(%x: tensor<32x64xbf16>, %w: tensor<64x16xbf16>) -> tensor<32x16xf32> {
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x64xbf16>, tensor<64x16xbf16>) -> tensor<32x16xf32>
+  return %0 : tensor<32x16xf32>
+}
+
+// -----
+
+// In the backward pass (derived from the loss seed), the gradient operand is
+// e5m2 and the forward one e4m3fn.
+
+// CHECK-LABEL: func.func public @backward(
+// CHECK: stablehlo.convert %{{.*}} : (tensor<32x64xf32>) -> tensor<32x64xf8E4M3FN>
+// CHECK: stablehlo.constant dense<5.734400e+04> : tensor<f32>
+// CHECK: stablehlo.constant dense<-5.734400e+04> : tensor<f32>
+// CHECK: stablehlo.convert %{{.*}} : (tensor<32x16xf32>) -> tensor<32x16xf8E5M2>
+// CHECK: stablehlo.dot_general
+func.func public @backward(%x: tensor<32x64xbf16>, %seed: tensor<f32> {amp.loss_seed}) -> tensor<64x16xf32> {
+  %b = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<32x16xf32>
+  %dy = stablehlo.convert %b : (tensor<32x16xf32>) -> tensor<32x16xbf16>
+  %0 = stablehlo.dot_general %x, %dy, contracting_dims = [0] x [0] : (tensor<32x64xbf16>, tensor<32x16xbf16>) -> tensor<64x16xf32>
+  return %0 : tensor<64x16xf32>
+}
+
+// -----
+
+// Not eligible, left in bf16: sizes that are not multiples of 16, batched
+// products; and dots in f32 (not lowered by amp-insert-converts).
+
+// CHECK-LABEL: func.func public @not_eligible(
+// CHECK-NOT: f8E
+// CHECK: return
+func.func public @not_eligible(%x: tensor<30x64xbf16>, %w: tensor<64x16xbf16>, %a: tensor<4x32x64xbf16>, %b: tensor<4x64x16xbf16>, %f: tensor<32x64xf32>, %g: tensor<64x16xf32>) -> (tensor<30x16xf32>, tensor<4x32x16xf32>, tensor<32x16xf32>) {
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<30x64xbf16>, tensor<64x16xbf16>) -> tensor<30x16xf32>
+  %1 = stablehlo.dot_general %a, %b, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<4x32x64xbf16>, tensor<4x64x16xbf16>) -> tensor<4x32x16xf32>
+  %2 = stablehlo.dot_general %f, %g, contracting_dims = [1] x [0] : (tensor<32x64xf32>, tensor<64x16xf32>) -> tensor<32x16xf32>
+  return %0, %1, %2 : tensor<30x16xf32>, tensor<4x32x16xf32>, tensor<32x16xf32>
+}
+
+//--- f32.mlir
+
+// With report=true each lowered dot's decision says what the FP8 lane did.
+
+// REPORT-LABEL: func.func public @main(
+// REPORT: stablehlo.dot_general {{.*}}amp.decision = {gemm = "f8e4m3fn x f8e4m3fn, current scaling", group = 0 : i64, precision = "low", reason = "matrix_multiply"}
+// REPORT: stablehlo.dot_general {{.*}}amp.decision = {gemm = "not eligible: shape 30x64 * 64x16 is not a multiple of 16", group = 1 : i64, precision = "low", reason = "matrix_multiply"}
+func.func public @main(%x: tensor<32x64xf32>, %w: tensor<64x16xf32>, %y: tensor<30x64xf32>) -> (tensor<32x16xf32>, tensor<30x16xf32>) {
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x64xf32>, tensor<64x16xf32>) -> tensor<32x16xf32>
+  %1 = stablehlo.dot_general %y, %w, contracting_dims = [1] x [0] : (tensor<30x64xf32>, tensor<64x16xf32>) -> tensor<30x16xf32>
+  return %0, %1 : tensor<32x16xf32>, tensor<30x16xf32>
+}
+
+//--- main.mlir
+
+// Delayed scaling: one f32[4] amax history per operand, appended to main's
+// arguments and results; the scale comes from the history's max (this
+// step's amax while the history is all zeros), and the new history is this
+// step's amax followed by the first three.
+
+// DELAYED-LABEL: func.func public @main(
+// DELAYED-SAME: %[[X:[^:]*]]: tensor<32x64xbf16>, %[[W:[^:]*]]: tensor<64x16xbf16>, %[[HX:[^:]*]]: tensor<4xf32> {amp.amax_history}, %[[HW:[^:]*]]: tensor<4xf32> {amp.amax_history}) -> (tensor<32x16xf32>, tensor<4xf32> {amp.amax_history}, tensor<4xf32> {amp.amax_history})
+// DELAYED: %[[AMAX:.*]] = stablehlo.reduce(%{{.*}} init: %{{.*}}) applies stablehlo.maximum across dimensions = [0, 1] : (tensor<32x64xf32>, tensor<f32>) -> tensor<f32>
+// DELAYED: %[[PAST:.*]] = stablehlo.reduce(%[[HX]] init: %{{.*}}) applies stablehlo.maximum across dimensions = [0] : (tensor<4xf32>, tensor<f32>) -> tensor<f32>
+// DELAYED: %[[HAVE:.*]] = stablehlo.compare GT, %[[PAST]], %{{.*}} : (tensor<f32>, tensor<f32>) -> tensor<i1>
+// DELAYED-NEXT: %[[REF:.*]] = stablehlo.select %[[HAVE]], %[[PAST]], %[[AMAX]] : tensor<i1>, tensor<f32>
+// DELAYED-NEXT: %[[NEWEST:.*]] = stablehlo.reshape %[[AMAX]] : (tensor<f32>) -> tensor<1xf32>
+// DELAYED-NEXT: %[[OLDER:.*]] = stablehlo.slice %[[HX]] [0:3] : (tensor<4xf32>) -> tensor<3xf32>
+// DELAYED-NEXT: %[[ROLLED:.*]] = stablehlo.concatenate %[[NEWEST]], %[[OLDER]], dim = 0 : (tensor<1xf32>, tensor<3xf32>) -> tensor<4xf32>
+// DELAYED-NEXT: %[[FMAX:.*]] = stablehlo.constant dense<4.480000e+02> : tensor<f32>
+// DELAYED-NEXT: stablehlo.divide %[[REF]], %[[FMAX]] : tensor<f32>
+// DELAYED: return %{{[^,]*}}, %[[ROLLED]], %{{[^ ]*}} : tensor<32x16xf32>, tensor<4xf32>, tensor<4xf32>
+func.func public @main(%x: tensor<32x64xbf16>, %w: tensor<64x16xbf16>) -> tensor<32x16xf32> {
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x64xbf16>, tensor<64x16xbf16>) -> tensor<32x16xf32>
+  return %0 : tensor<32x16xf32>
+}

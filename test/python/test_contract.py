@@ -1,0 +1,167 @@
+"""The C++ library is the one source of truth for what the passes and the
+Python package share: the Python sources hold none of its literals, the
+contract the extension exports matches the passes' own declarations, and
+the pass sources keep their functions short."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+import stablehlo_amp as amp
+from stablehlo_amp import _amp
+from stablehlo_amp._src import contract
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PYTHON_SOURCES = sorted((ROOT / "python" / "stablehlo_amp").rglob("*.py"))
+PASS_SOURCES = sorted((ROOT / "passes").glob("*.cpp"))
+
+
+def _python_text() -> dict[pathlib.Path, str]:
+  assert PYTHON_SOURCES, "no Python sources found"
+  return {path: path.read_text() for path in PYTHON_SOURCES}
+
+
+@pytest.mark.parametrize("role", sorted(contract.document()["attributes"]))
+def test_no_attribute_name_is_written_in_python(role):
+  name = contract.attribute(role)
+  found = [str(p.relative_to(ROOT)) for p, text in _python_text().items()
+           if re.search(rf"['\"]{re.escape(name)}['\"]", text)]
+  assert not found, f"{name} is written in {found}; read it from the contract"
+
+
+# The loss-scale defaults as they could be spelled in Python.
+_DEFAULT_SPELLINGS = {
+    "growth_interval": [r"\b2000\b"],
+    "max_scale": [r"\b16777216(\.0)?\b", r"2(\.0)?\s*\*\*\s*24\b"],
+    "initial_scale": [r"\b32768(\.0)?\b", r"2(\.0)?\s*\*\*\s*15\b"],
+}
+
+
+@pytest.mark.parametrize("field", sorted(_DEFAULT_SPELLINGS))
+def test_no_loss_scale_default_is_written_in_python(field):
+  found = []
+  for path, text in _python_text().items():
+    for pattern in _DEFAULT_SPELLINGS[field]:
+      if re.search(pattern, text):
+        found.append(f"{path.relative_to(ROOT)}: {pattern}")
+  assert not found, f"{field}'s default is written in Python: {found}"
+
+
+def test_python_defaults_are_the_contracts():
+  defaults = contract.loss_scale_defaults()
+  scale = amp.DynamicLossScale()
+  assert float(scale.loss_scale) == defaults["initial_scale"] == 2.0 ** 15
+  assert scale.growth_interval == defaults["growth_interval"] == 2000
+  assert scale.growth_factor == defaults["growth_factor"] == 2.0
+  assert scale.backoff_factor == defaults["backoff_factor"] == 0.5
+  assert scale.min_scale == defaults["min_scale"] == 1.0
+  assert scale.max_scale == defaults["max_scale"] == 2.0 ** 24
+  assert str(amp.Policy.parse(contract.default(contract.INSERT_CONVERTS,
+                                               "policy"))) == \
+      "p=f32,c=bf16,o=f32"
+
+
+def _declared_options() -> dict[str, set[str]]:
+  """Pass name -> option names, from the reference TableGen generates
+  (passes.md, what `amp-opt --help` prints)."""
+  text = (pathlib.Path(amp.__file__).parent / "passes.md").read_text()
+  options: dict[str, set[str]] = {}
+  current = None
+  for line in text.splitlines():
+    heading = re.match(r"^#+ `-?([a-z0-9-]+)`", line)
+    if heading:
+      current = heading.group(1)
+      options[current] = set()
+      continue
+    option = re.match(r"^-([a-z0-9-]+)\s*:", line)
+    if option and current:
+      options[current].add(option.group(1))
+  return options
+
+
+def test_contract_names_the_options_the_passes_declare():
+  declared = _declared_options()
+  passes = contract.document()["passes"]
+  assert set(passes) <= set(declared), (set(passes), set(declared))
+  for name, entry in passes.items():
+    assert set(entry["options"]) == declared[name], name
+
+
+def test_contract_choices_are_what_the_passes_accept():
+  for option in ("level", "target", "dot-result", "storage"):
+    for choice in contract.choices(contract.INSERT_CONVERTS, option):
+      assert _amp.canonical_choice(option, choice, "gpu") == choice
+    with pytest.raises(ValueError, match="accepted: " + ", ".join(
+        contract.choices(contract.INSERT_CONVERTS, option))):
+      _amp.canonical_choice(option, "nonsense", "gpu")
+
+
+def test_validation_is_one_code_path():
+  """The constructor and the pass reject the same values with the same
+  words (the pass in its option spelling)."""
+  with pytest.raises(ValueError) as python:
+    amp.DynamicLossScale(min_scale=float("inf"), max_scale=float("inf"))
+  assert "invalid min_scale: must be finite and positive, got inf" in str(
+      python.value)
+  module = jax.jit(lambda w: jnp.sum(w ** 2)).lower(jnp.ones(4)).as_text()
+  with pytest.raises(amp.RewriteError) as pass_error:
+    amp.rewrite_module(module, "p=f32,c=f16", loss_scale={
+        "mode": "dynamic", "min_scale": "inf", "max_scale": "inf"})
+  assert ("invalid option 'min-scale': must be finite and positive, got inf"
+          in str(pass_error.value))
+
+
+def test_the_loss_scale_layout_is_what_the_pass_appends():
+  step = amp.train_step(lambda w, b: jnp.mean((b @ w) ** 2), optax.sgd(0.1),
+                        "p=f32,c=f16,o=f32")
+  state = step.init(jnp.ones((8, 8)))
+  text = step.lower(state, jnp.ones((4, 8))).as_text()
+  main = next(line for line in text.splitlines()
+              if "func.func public @main" in line)
+  arguments, results = main.split(") -> (")
+  layout = contract.loss_scale_layout("dynamic")
+  assert re.findall(r"\{(amp\.[a-z_]+)\}", arguments) == list(
+      layout["arguments"])
+  assert re.findall(r"\{(amp\.[a-z_]+)\}", results) == list(layout["results"])
+
+
+def _function_lengths(path: pathlib.Path) -> list[tuple[str, int]]:
+  """(signature, body lines) of every function defined in a C++ file: a
+  line ending in `{` that closes a parameter list opens a body, and braces
+  are balanced from there (comments and strings hold no braces here)."""
+  lines = path.read_text().splitlines()
+  functions, i = [], 0
+  while i < len(lines):
+    line = lines[i]
+    stripped = line.strip()
+    is_function = (stripped.endswith("{") and ")" in stripped and
+                   not stripped.startswith(("if", "for", "while", "switch",
+                                            "else", "}", "case", "//")) and
+                   "=" not in stripped.split("(")[0] and
+                   not re.search(r"\[[^\]]*\]\s*\(", stripped))
+    if not is_function:
+      i += 1
+      continue
+    depth, start = 0, i
+    while i < len(lines):
+      depth += lines[i].count("{") - lines[i].count("}")
+      i += 1
+      if depth == 0:
+        break
+    functions.append((stripped, i - start))
+  return functions
+
+
+def test_no_function_in_passes_is_longer_than_about_100_lines():
+  found = [(path.name, name, n) for path in PASS_SOURCES
+           for name, n in _function_lengths(path)]
+  assert len(found) > 50, "the scanner found too few functions"
+  long = [f for f in found if f[2] > 100]
+  assert not long, long
