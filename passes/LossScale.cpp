@@ -255,18 +255,26 @@ FailureOr<Value> LossScalePass::unscaleAndCheck(TrainingStep &step,
     if (!element)
       return gradient; // integer leaves (step counters) have no gradient
     Location loc = gradient.getLoc();
-    Value value =
-        element == f32 ? gradient : shlo::buildConvert(builder, loc, gradient, f32);
-    if (state.inverse)
+    // Unscaled and checked in f32, or in the gradient's own dtype if wider
+    // (f64 under x64 keeps its precision).
+    Type wide = element.getWidth() > 32 ? Type(element) : f32;
+    Value value = element == wide
+                      ? gradient
+                      : shlo::buildConvert(builder, loc, gradient, wide);
+    if (state.inverse) {
+      Value inverse = wide == f32 ? state.inverse
+                                  : shlo::buildConvert(builder, loc,
+                                                       state.inverse, wide);
       value = shlo::buildElementwise(
           builder, loc, "multiply",
           {value, shlo::buildBroadcastScalar(
-                      builder, loc, state.inverse,
+                      builder, loc, inverse,
                       cast<RankedTensorType>(value.getType()))});
+    }
     finiteFlags.push_back(shlo::buildReduceAll(
         builder, loc, shlo::buildIsFinite(builder, loc, value), "and", 1.0));
-    return element == f32 ? value
-                          : shlo::buildConvert(builder, loc, value, element);
+    return element == wide ? value
+                           : shlo::buildConvert(builder, loc, value, element);
   };
   for (Operation *call : step.gradientCalls) {
     builder.setInsertionPointAfter(call);

@@ -18,6 +18,10 @@ included), and for every policy:
   flips in low precision moves it 2 * lr the other way) and a direction
   that agrees with f32 (cosine >= 0.99).
 
+The batch-norm models also train through `amp.train_step` with their
+batch statistics as model state: like f32 on finite steps, bit-identical
+(with parameters and optimizer state) on an overflowed one.
+
 `python test/python/test_corpus.py [POLICY...]` prints the corpus table
 (model, ops in the f32 module, ops lowered, kept f32, converts inserted,
 largest relative error against f32, and for training steps the largest
@@ -132,8 +136,8 @@ def linen_mlp(train: bool):
 
 # 2. ResNet-style CNN with batch norm, flax.linen -------------------------------
 
-def linen_resnet(train: bool):
-  import optax
+def _linen_resnet_module():
+  """A ResNet-style CNN with batch norm; `model.apply(..., x, train=...)`."""
   from flax import linen as nn
 
   class ResBlock(nn.Module):
@@ -166,22 +170,39 @@ def linen_resnet(train: bool):
       x = jnp.mean(x, axis=(1, 2))
       return nn.Dense(10)(x)
 
-  model = ResNet()
+  return ResNet()
+
+
+@functools.lru_cache(maxsize=None)
+def _linen_resnet_training():
+  """(loss_fn(params, batch_stats, batch) -> (loss, new batch_stats),
+  params, batch_stats, batch)."""
+  model = _linen_resnet_module()
   x, labels = _classification_batch(jax.random.key(2), (8, 16, 16, 3), 10)
-  variables = model.init(jax.random.key(0), x, train=False)
-  params, stats = variables["params"], variables["batch_stats"]
-  if not train:
-    def forward(p, b):
-      return model.apply({"params": p, "batch_stats": b[1]}, b[0], train=False)
-    # Running statistics from one training-mode pass, so they are not trivial.
-    _, updated = model.apply({"params": params, "batch_stats": stats}, x,
-                             train=True, mutable=["batch_stats"])
-    return forward, (params, (x, updated["batch_stats"]))
-  def loss_fn(p, extra, batch):
-    logits, updated = model.apply({"params": p, "batch_stats": extra},
+  # Under jit: one compilation instead of an eager dispatch per op.
+  variables = jax.jit(functools.partial(model.init, train=False))(
+      jax.random.key(0), x)
+
+  def loss_fn(p, batch_stats, batch):
+    logits, updated = model.apply({"params": p, "batch_stats": batch_stats},
                                   batch[0], train=True,
                                   mutable=["batch_stats"])
     return _cross_entropy(logits, batch[1]), updated["batch_stats"]
+  return (loss_fn, variables["params"], variables["batch_stats"],
+          (x, labels))
+
+
+def linen_resnet(train: bool):
+  import optax
+
+  loss_fn, params, stats, (x, labels) = _linen_resnet_training()
+  if not train:
+    model = _linen_resnet_module()
+    def forward(p, b):
+      return model.apply({"params": p, "batch_stats": b[1]}, b[0], train=False)
+    # Running statistics from one training-mode pass, so they are not trivial.
+    _, updated = loss_fn(params, stats, (x, labels))
+    return forward, (params, (x, updated))
   optimizer = optax.adam(LR)
   return (_train_step(loss_fn, optimizer),
           (params, (optimizer.init(params), stats), (x, labels)))
@@ -522,6 +543,112 @@ def test_corpus_covers_the_model_kinds():
       assert op in text, f"{case.id} has no {op}"
     if case.train:
       assert "stablehlo.sqrt" in text, f"{case.id}: no Adam update"
+
+
+# -- amp.train_step with model state (batch norm) ------------------------------
+
+
+def _nnx_cnn_training():
+  """A flax.nnx CNN with batch norm, split into parameters and batch
+  statistics: (loss_fn, params, batch_stats, batch) as for train_step."""
+  from flax import nnx
+
+  class CNN(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+      self.conv = nnx.Conv(3, 16, (3, 3), use_bias=False, rngs=rngs)
+      self.norm = nnx.BatchNorm(16, momentum=0.9, rngs=rngs)
+      self.head = nnx.Linear(16, 10, rngs=rngs)
+
+    def __call__(self, x):
+      x = nnx.relu(self.norm(self.conv(x)))
+      return self.head(jnp.mean(x, axis=(1, 2)))
+
+  graphdef, params, batch_stats = nnx.split(CNN(nnx.Rngs(0)), nnx.Param,
+                                            nnx.BatchStat)
+
+  def loss_fn(p, batch_stats, batch):
+    # copy=True: the statistics come from outside the differentiated
+    # function, and nnx does not mutate a Variable of another trace.
+    model = nnx.merge(graphdef, p, batch_stats, copy=True)
+    model.train()
+    loss = _cross_entropy(model(batch[0]), batch[1])
+    return loss, nnx.state(model, nnx.BatchStat)
+  batch = _classification_batch(jax.random.key(5), (8, 16, 16, 3), 10)
+  return loss_fn, params, batch_stats, batch
+
+
+BATCHNORM_TRAINING = {"linen_resnet_bn": _linen_resnet_training,
+                      "nnx_cnn_bn": _nnx_cnn_training}
+
+
+def _f32_training(name: str):
+  """Plain JAX in f32, Adam: (params, batch stats, losses) after
+  `TRAIN_STEPS` steps on the one batch; the corpus case's own reference
+  where the corpus has the model (the same steps)."""
+  import optax
+  corpus = {case.name: case for case in CASES if case.train}
+  if name in corpus:
+    out, losses = reference(corpus[name])
+    return out["params"], out["state"][1], [float(x) for x in losses]
+  loss_fn, params, stats, batch = BATCHNORM_TRAINING[name]()
+  step = jax.jit(_train_step(loss_fn, optax.adam(LR)))
+  state, losses = (optax.adam(LR).init(params), stats), []
+  for _ in range(TRAIN_STEPS):
+    out = step(params, state, batch)
+    params, state = out["params"], out["state"]
+    losses.append(float(out["loss"]))
+  return params, state[1], losses
+
+
+@pytest.mark.parametrize("name", BATCHNORM_TRAINING)
+def test_batchnorm_model_trains_through_train_step(name):
+  """Batch statistics are model state: updated like f32 on finite steps,
+  bit-identical (with parameters and optimizer state) on an overflowed
+  one."""
+  optax = pytest.importorskip("optax")
+  pytest.importorskip("flax")
+  policy = "p=f32,c=f16,o=f32"
+  loss_fn, params, stats, batch = BATCHNORM_TRAINING[name]()
+  step = amp.train_step(loss_fn, optax.adam(LR), policy)
+  state = step.init(params, model_state=stats)
+  losses = []
+  for _ in range(TRAIN_STEPS):
+    state, metrics = step(state, batch)
+    assert bool(metrics["grads_finite"])
+    losses.append(float(metrics["loss"]))
+  want_params, want_stats, want_losses = _f32_training(name)
+  tol = 8 * compute_eps(policy)
+  assert relative_error(losses, want_losses) <= tol, (losses, want_losses)
+  assert (jax.tree_util.tree_structure(state.model_state) ==
+          jax.tree_util.tree_structure(stats))
+  assert {leaf.dtype for leaf in jax.tree_util.tree_leaves(
+      state.model_state)} == {np.dtype(jnp.float32)}
+  assert relative_error(flat(state.model_state), flat(want_stats)) <= tol
+  assert relative_error(flat(state.model_state), flat(stats)) > tol  # moved
+  got = flat(state.params) - flat(params)
+  want = flat(want_params) - flat(params)
+  assert float(np.max(np.abs(got - want))) <= 2 * LR * TRAIN_STEPS
+  assert float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want))) \
+      >= 0.99
+
+  x, labels = batch
+  poisoned = (x.at[0, 0, 0, 0].set(jnp.inf), labels)
+  before = jax.tree_util.tree_leaves((state.params, state.opt_state,
+                                      state.model_state))
+  scale = float(state.loss_scale.loss_scale)
+  state, metrics = step(state, poisoned)
+  assert not bool(metrics["grads_finite"])
+  after = jax.tree_util.tree_leaves((state.params, state.opt_state,
+                                     state.model_state))
+  assert len(before) == len(after)
+  for b, a in zip(before, after):
+    assert b.dtype == a.dtype and np.array_equal(b, a), (
+        "an overflowed step changed the state")
+  assert int(metrics["skipped_steps"]) == 1
+  assert float(metrics["loss_scale"]) == scale / 2
+  state, metrics = step(state, batch)
+  assert bool(metrics["grads_finite"])
+  assert step.rewrite_count == 1
 
 
 if __name__ == "__main__":

@@ -5,11 +5,15 @@ What is checked: a step makes no host transfer and is rewritten once; f16
 gradients that underflow without scaling train with it, as in f32; an
 overflowed step is skipped bit for bit and training goes on; embedding
 gradients (scatter-add) stay f32; clipping in an optax chain sees unscaled
-gradients; gradients match JAX's; the defaults.
+gradients; gradients match JAX's; the defaults; aux outputs and model state
+(kept only on finite steps); integer parameter leaves; argnums as in JAX;
+p=bf16 parameters; the handler under jit; every error message; a step on
+its own outputs does not compile again.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 
 import jax
@@ -572,3 +576,374 @@ def test_lower_returns_the_module_of_its_own_arguments(api):
           small_types.count("tensor<16x8xf32>")) == (2, 1), small_types
   assert (large_types.count("tensor<8x8xf32>"),
           large_types.count("tensor<16x8xf32>")) == (0, 3), large_types
+
+
+# -- (h) aux outputs and model state -------------------------------------------
+
+
+def mse_and_mean(params, batch):
+  pred = mlp(params, batch[0])
+  return jnp.mean((pred - batch[1]) ** 2), {"pred_mean": jnp.mean(pred),
+                                            "count": jnp.int32(len(pred))}
+
+
+def test_has_aux_comes_back_as_metrics_aux():
+  step = amp.train_step(mse_and_mean, optax.sgd(0.1), BF16_POLICY,
+                        has_aux=True)
+  state, metrics = step(step.init(PARAMS), _batch(0))
+  _, ref_aux = mse_and_mean(PARAMS, _batch(0))
+  assert set(metrics) == {"loss", "grads_finite", "loss_scale",
+                          "skipped_steps", "aux"}
+  assert metrics["aux"]["count"].dtype == jnp.int32
+  assert int(metrics["aux"]["count"]) == 8
+  np.testing.assert_allclose(metrics["aux"]["pred_mean"],
+                             ref_aux["pred_mean"], rtol=5e-2, atol=5e-3)
+
+
+def normalized_mse(params, stats, batch):
+  """A batch-norm-like layer: the running mean is model state, updated with
+  momentum; a step counter (int32) in the state counts the updates."""
+  x, y = batch
+  h = x @ params["w1"]
+  mean = jnp.mean(h, axis=0)
+  pred = jnp.tanh(h - mean + params["b1"]) @ params["w2"] + params["b2"]
+  new_stats = {"mean": 0.9 * stats["mean"] + 0.1 * mean,
+               "updates": stats["updates"] + 1}
+  return jnp.mean((pred - y) ** 2), new_stats
+
+
+STATS = {"mean": jnp.zeros(16), "updates": jnp.int32(0)}
+
+
+@pytest.mark.parametrize("has_aux", [False, True])
+def test_model_state_is_updated_and_kept_only_on_finite_steps(has_aux):
+  def loss_fn(params, stats, batch):
+    loss, new_stats = normalized_mse(params, stats, batch)
+    return (loss, (new_stats, {"loss_again": loss})) if has_aux else (
+        loss, new_stats)
+
+  step = amp.train_step(loss_fn, optax.adam(1e-2), F16_POLICY,
+                        loss_scale=amp.DynamicLossScale(2.0 ** 10),
+                        has_aux=has_aux)
+  state = step.init(PARAMS, model_state=STATS)
+  assert state.model_state is not None
+  for i in range(3):
+    state, metrics = step(state, _batch(i))
+    assert bool(metrics["grads_finite"])
+  assert int(state.model_state["updates"]) == 3
+  # The running mean is f32 model state, updated as plain JAX updates it.
+  want = _f32_state_updates(3)
+  assert state.model_state["mean"].dtype == jnp.float32
+  np.testing.assert_allclose(state.model_state["mean"], want["mean"],
+                             rtol=2e-2, atol=2e-3)
+  if has_aux:
+    np.testing.assert_allclose(metrics["aux"]["loss_again"], metrics["loss"])
+
+  before = _leaves((state.params, state.opt_state, state.model_state))
+  state, metrics = step(state, _poisoned(_batch(3), jnp.inf))
+  assert not bool(metrics["grads_finite"])
+  after = _leaves((state.params, state.opt_state, state.model_state))
+  assert len(before) == len(after)
+  for b, a in zip(before, after):
+    assert b.dtype == a.dtype
+    assert np.array_equal(b, a), "an overflowed step changed the state"
+  assert int(state.model_state["updates"]) == 3
+  assert int(state.skipped_steps) == 1
+  state, metrics = step(state, _batch(4))
+  assert bool(metrics["grads_finite"])
+  assert int(state.model_state["updates"]) == 4
+  assert step.rewrite_count == 1
+
+
+@functools.lru_cache(maxsize=None)
+def _f32_state_updates(steps):
+  """The model state after `steps` Adam steps of `normalized_mse` in plain
+  JAX, f32."""
+  optimizer = optax.adam(1e-2)
+
+  @jax.jit
+  def step(params, opt_state, stats, batch):
+    (_, stats), grads = jax.value_and_grad(normalized_mse, has_aux=True)(
+        params, stats, batch)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, stats
+
+  params, opt_state, stats = PARAMS, optimizer.init(PARAMS), STATS
+  for i in range(steps):
+    params, opt_state, stats = step(params, opt_state, stats, _batch(i))
+  return stats
+
+
+@pytest.mark.parametrize("new_stats, message", [
+    (lambda s: {"mean": s["mean"].astype(jnp.bfloat16),
+                "updates": s["updates"]},
+     r"at \['mean'\] expected float32\[16\], got bfloat16\[16\]"),
+    (lambda s: {"mean": s["mean"][:8], "updates": s["updates"]},
+     r"at \['mean'\] expected float32\[16\], got float32\[8\]"),
+    (lambda s: {"mean": s["mean"]},
+     r"expected the structure PyTreeDef\(\{'mean': \*, 'updates': \*\}\), "
+     r"got PyTreeDef\(\{'mean': \*\}\)"),
+])
+def test_a_new_model_state_of_another_type_is_an_error(new_stats, message):
+  def changes_its_state(params, stats, batch):
+    return mse(params, batch), new_stats(stats)
+
+  step = amp.train_step(changes_its_state, optax.sgd(0.1), BF16_POLICY)
+  with pytest.raises(TypeError, match=r"changes_its_state must return a new "
+                     r"model state with the structure, shapes and dtypes of "
+                     r"the one given: " + message):
+    step(step.init(PARAMS, model_state=STATS), _batch(0))
+
+
+def test_an_optimizer_state_that_changes_dtype_is_an_error():
+  drifting = optax.GradientTransformation(
+      lambda params: jnp.zeros((), jnp.int32),
+      lambda updates, count, params=None: (updates, count + 0.5))
+  step = amp.train_step(mse, drifting, BF16_POLICY)
+  with pytest.raises(TypeError, match=re.escape(
+      "the optimizer's update must return an optimizer state with the "
+      "structure, shapes and dtypes of the one given: at the root expected "
+      "int32[], got float32[]")):
+    step(step.init(PARAMS), _batch(0))
+
+
+# -- (i) non-float parameter leaves --------------------------------------------
+
+
+def mse_counting(params, batch):
+  return mse({k: v for k, v in params.items() if k != "calls"}, batch)
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda: optax.adamw(1e-2, weight_decay=0.1),
+    lambda: optax.masked(optax.adam(1e-2),
+                         lambda p: {k: k.startswith("w") for k in p}),
+], ids=["adamw", "masked"])
+def test_integer_parameter_leaves_pass_through(make_optimizer):
+  params = {**PARAMS, "calls": jnp.array([7, -3], jnp.int32)}
+  step = amp.train_step(mse_counting, make_optimizer(), BF16_POLICY)
+  state = step.init(params)
+  # The optimizer sees None in place of the integer leaf: no state for it.
+  assert (jax.tree_util.tree_structure(state.opt_state) ==
+          jax.tree_util.tree_structure(
+              make_optimizer().init({**PARAMS, "calls": None})))
+  for i in range(3):
+    state, metrics = step(state, _batch(i))
+    assert bool(metrics["grads_finite"])
+  assert state.params["calls"].dtype == jnp.int32
+  np.testing.assert_array_equal(state.params["calls"], [7, -3])
+  # The float leaves trained as in plain JAX without the counter.
+  want, _, _ = _f32_training(mse, make_optimizer(), PARAMS,
+                             [_batch(i) for i in range(3)])
+  got = {k: v for k, v in state.params.items() if k != "calls"}
+  _assert_tree_close(got, want, rtol=5e-2)
+
+
+# -- (j) value_and_grad's argnums ----------------------------------------------
+
+
+def three_argument_loss(x, params, scale, *, offset=0.0):
+  return scale * mse(params, (x, Y[:len(x)])) + offset
+
+
+@pytest.mark.parametrize("argnums", [1, -2, (2, 1), (-1, 0)])
+def test_value_and_grad_argnums_as_in_jax(argnums):
+  args = (X[:16], PARAMS, jnp.float32(1.5))
+  vg = amp.value_and_grad(three_argument_loss, BF16_POLICY, argnums=argnums)
+  (loss, grads), finite, _ = vg(*args, offset=0.25)
+  ref_loss, ref_grads = jax.value_and_grad(three_argument_loss,
+                                           argnums=argnums)(*args, offset=0.25)
+  assert bool(finite)
+  np.testing.assert_allclose(loss, ref_loss, rtol=5e-2)
+  _assert_tree_close(grads, ref_grads, rtol=5e-2)
+
+
+@pytest.mark.parametrize("argnums, error, message", [
+    (3, ValueError, "argnums=3 needs at least 4 positional arguments, "
+                    "three_argument_loss was called with 3"),
+    ((0, -4), ValueError, "argnums=(0, -4) needs at least 4 positional "
+                          "arguments, three_argument_loss was called with 3"),
+    ((), ValueError, "argnums must name at least one argument, got ()"),
+    ("params", TypeError, "argnums must be an int or a sequence of ints, got "
+                          "'params'"),
+])
+def test_value_and_grad_bad_argnums(argnums, error, message):
+  with pytest.raises(error, match=re.escape(message)):
+    amp.value_and_grad(three_argument_loss, BF16_POLICY, argnums=argnums)(
+        X[:16], PARAMS, jnp.float32(1.5))
+
+
+# -- (k) the dtype contract in training ----------------------------------------
+
+
+def test_p_bf16_stores_the_parameters_in_bf16():
+  step = amp.train_step(mse, optax.adam(1e-2), "p=bf16,c=bf16,o=f32")
+  state = step.init(PARAMS)
+  assert {x.dtype for x in _leaves(state.params)} == {np.dtype(jnp.bfloat16)}
+  # The optimizer state is made from, and kept in, f32.
+  float_state = [x for x in _leaves(state.opt_state) if x.dtype.kind == "f"]
+  assert float_state and {x.dtype for x in float_state} == {
+      np.dtype(jnp.float32)}
+  signature = _main_signature(step.lower(state, _batch(0)).as_text())
+  assert signature.count("xbf16>") >= len(PARAMS) - 2  # w1, w2 (biases: [N])
+  batches = [_batch(i) for i in range(6)]
+  for batch in batches:
+    previous = _leaves(state.params)
+    state, metrics = step(state, batch)
+    assert bool(metrics["grads_finite"])
+    assert not any(np.array_equal(a, b) for a, b in
+                   zip(previous, _leaves(state.params)))
+  assert {x.dtype for x in _leaves(state.params)} == {np.dtype(jnp.bfloat16)}
+  assert {x.dtype for x in _leaves(state.opt_state) if x.dtype.kind == "f"} \
+      == {np.dtype(jnp.float32)}
+  want, _, _ = _f32_training(mse, optax.adam(1e-2), PARAMS, batches)
+  _assert_tree_close(jax.tree_util.tree_map(
+      lambda p: p.astype(jnp.float32), state.params), want, rtol=5e-2)
+
+
+def _enable_x64():
+  if hasattr(jax, "enable_x64"):
+    return jax.enable_x64(True)
+  from jax.experimental import enable_x64  # older JAX releases
+  return enable_x64()
+
+
+def test_f64_gradients_keep_f64_under_x64():
+  with _enable_x64():
+    params = jax.tree_util.tree_map(lambda p: p.astype(jnp.float64), PARAMS)
+    batch = jax.tree_util.tree_map(lambda b: b.astype(jnp.float64),
+                                   _batch(0, 16))
+    vg = amp.value_and_grad(mse, BF16_POLICY)
+    (loss, grads), finite, _ = vg(params, batch)
+    ref_loss, ref_grads = jax.value_and_grad(mse)(params, batch)
+    assert bool(finite) and loss.dtype == jnp.float64
+    assert {g.dtype for g in _leaves(grads)} == {np.dtype(jnp.float64)}
+    # Nothing in the program is f32 or bf16 but the loss-scale's own scalars.
+    text = vg.lower(params, batch).as_text()
+    assert "bf16" not in text
+    for got, want in zip(_leaves(grads), _leaves(ref_grads)):
+      np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+
+
+# -- (l) PrecisionHandler under jit, and errors --------------------------------
+
+
+def test_precision_handler_training_step_is_functional_under_jit():
+  handler = amp.PrecisionHandler(
+      F16_POLICY, loss_scale=amp.DynamicLossScale(2.0 ** 4, growth_interval=2))
+  train = handler.training_step(mse)
+
+  @jax.jit
+  def sgd_step(params, batch, loss_scale):
+    loss, grads, finite, loss_scale = train(params, batch,
+                                            loss_scale=loss_scale)
+    params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+    return params, loss, finite, loss_scale
+
+  params, loss_scale = PARAMS, handler.loss_scale
+  losses = []
+  for i in range(4):
+    params, loss, finite, loss_scale = sgd_step(params, _batch(i, 16),
+                                                loss_scale)
+    assert bool(finite)
+    losses.append(float(loss))
+  assert isinstance(loss_scale, amp.DynamicLossScale)
+  assert (float(loss_scale.loss_scale), int(loss_scale.counter)) == (64.0, 0)
+  # The handler's own state is not touched by the functional step.
+  assert float(handler.loss_scale.loss_scale) == 16.0
+  ref_loss, ref_grads = jax.value_and_grad(mse)(PARAMS, _batch(0, 16))
+  np.testing.assert_allclose(losses[0], ref_loss, rtol=1e-2)
+  _, overflow, _ = sgd_step(params, _poisoned(_batch(0, 16), jnp.inf),
+                            loss_scale)[1:]
+  assert not bool(overflow)
+
+
+def test_precision_handler_wrapper_under_jit_points_to_training_step():
+  handler = amp.PrecisionHandler(F16_POLICY)
+  train = handler.training_step_wrapper(mse)
+  with pytest.raises(TypeError, match=re.escape(
+      "PrecisionHandler.training_step_wrapper keeps the loss scale on the "
+      "handler and cannot run under jax.jit or other transformations; use "
+      "handler.training_step(loss_fn), which takes and returns the loss "
+      "scale")):
+    jax.jit(train)(PARAMS, _batch(0))
+
+
+def per_example_mse(params, batch):
+  return jnp.mean((mlp(params, batch[0]) - batch[1]) ** 2, axis=-1)
+
+
+@pytest.mark.parametrize("api", ["train_step", "value_and_grad"])
+@pytest.mark.parametrize("has_aux, fun, got", [
+    (False, per_example_mse, "float32[8]; if it returns (loss, aux), pass "
+                             "has_aux=True"),
+    (False, mse_and_mean, "tuple; if it returns (loss, aux), pass "
+                          "has_aux=True"),
+    (True, lambda p, b: (per_example_mse(p, b), None), "float32[8]"),
+    (False, lambda p, b: jnp.int32(1), "int32[]; if it returns"),
+])
+def test_a_loss_that_is_not_a_float_scalar_is_a_type_error(api, has_aux, fun,
+                                                            got):
+  name = getattr(fun, "__qualname__")
+  if api == "train_step":
+    step = amp.train_step(fun, optax.sgd(0.1), BF16_POLICY, has_aux=has_aux)
+    call = lambda: step(step.init(PARAMS), _batch(0))
+  else:
+    vg = amp.value_and_grad(fun, BF16_POLICY, has_aux=has_aux)
+    call = lambda: vg(PARAMS, _batch(0))
+  with pytest.raises(TypeError, match=re.escape(
+      f"{name} must return a scalar float loss, got {got}")):
+    call()
+
+
+def test_init_copies_what_a_donating_step_consumes():
+  params = jax.tree_util.tree_map(lambda p: p + 0, PARAMS)
+  stats = jax.tree_util.tree_map(lambda s: s + 0, STATS)
+  step = amp.train_step(normalized_mse, optax.sgd(0.1), BF16_POLICY,
+                        donate=True)
+  state = step.init(params, model_state=stats)
+  first = state
+  state, _ = step(state, _batch(0))
+  leaves = jax.tree_util.tree_leaves
+  assert all(x.is_deleted() for x in leaves((first.params,
+                                             first.model_state)))
+  # The caller's arrays stay valid.
+  assert not any(x.is_deleted() for x in leaves((params, stats)))
+  for a, b in zip(_leaves(params), _leaves(PARAMS)):
+    np.testing.assert_array_equal(a, b)
+  state, _ = step(state, _batch(1))
+  assert int(state.model_state["updates"]) == 2
+
+
+def _count_compiles(fun) -> int:
+  """XLA compilations while `fun()` runs."""
+  count = [0]
+
+  def listener(event: str, seconds: float, **kwargs):
+    del seconds, kwargs
+    if event.endswith("backend_compile_duration"):
+      count[0] += 1
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    jax.block_until_ready(fun())
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  return count[0]
+
+
+@pytest.mark.parametrize("api", ["train_step", "value_and_grad"])
+def test_a_step_on_its_own_outputs_does_not_compile_again(api):
+  """Outputs come back uncommitted, as jax.jit's do, so the second call has
+  the signature of the first."""
+  if api == "train_step":
+    step = amp.train_step(mse, optax.adam(1e-2), F16_POLICY)
+    state = step.init(PARAMS)
+    state, _ = step(state, _batch(0))
+    assert _count_compiles(lambda: step(state, _batch(1))) == 0
+  else:
+    vg = amp.value_and_grad(mse, F16_POLICY)
+    (_, grads), _, loss_scale = vg(PARAMS, _batch(0))
+    params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, PARAMS, grads)
+    assert _count_compiles(
+        lambda: vg(params, _batch(1), loss_scale=loss_scale)) == 0

@@ -339,6 +339,62 @@ def test_donate_argnames_deletes_the_donated_buffer(by_keyword):
   assert not w.is_deleted()
 
 
+def test_negative_static_argnums_count_from_the_end():
+  fast = amp.transform(_repeat_tanh, static_argnums=-1)
+  for n, count in [(1, 1), (3, 2), (1, 2)]:
+    got = fast(W, X, n)
+    np.testing.assert_allclose(got, _repeat_tanh(W, X, n), **TOLERANCE[BF16])
+    assert fast.rewrite_count == count
+  assert fast.lower(W, X, 3).as_text().count("stablehlo.tanh") == 3
+
+
+def test_static_and_donated_arguments_are_inherited_from_jax_jit():
+  jitted = jax.jit(_repeat_tanh, static_argnums=2, static_argnames="mode",
+                   donate_argnums=1)
+  fast = amp.transform(jitted)
+  w, x = W + 0, X @ W  # fresh buffers
+  want = _repeat_tanh(w, x, 2, mode="double")
+  got = fast(w, x, 2, mode="double")  # n and mode static, as jax.jit has them
+  np.testing.assert_allclose(got, want, **TOLERANCE[BF16])
+  assert x.is_deleted() and not w.is_deleted()
+  fast(w, X + 0, 2, mode="double")
+  assert fast.rewrite_count == 1
+  fast(w, X + 0, 3, mode="double")
+  assert fast.rewrite_count == 2
+  # The rewrite is of the function jax.jit wraps: the module is bf16.
+  assert "bf16" in fast.lower(w, X, 2, mode="double").as_text()
+  # Given again to transform: merged with jax.jit's, which are not lost.
+  again = amp.transform(jitted, static_argnums=2, static_argnames="n")
+  w, x = W + 0, X @ W
+  np.testing.assert_allclose(again(w, x, n=1), _repeat_tanh(W, X @ W, 1),
+                             **TOLERANCE[BF16])
+  assert x.is_deleted() and not w.is_deleted()
+
+
+def _user_bug(w, x):
+  return {"y": x @ w}["missing"]
+
+
+def _shape_bug(w, x):
+  return x @ w[:3]
+
+
+@pytest.mark.parametrize("fun, error, message", [
+    (_user_bug, KeyError, "missing"),
+    (_shape_bug, TypeError, "dot_general requires contracting dimensions"),
+])
+def test_user_exceptions_surface_as_themselves_without_a_warning(
+    fun, error, message):
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # no "cannot rewrite" warning before it
+    with pytest.raises(error, match=message):
+      amp.transform(fun)(W, X)
+    with pytest.raises(error, match=message):
+      amp.transform(fun).lower(W, X)
+    with pytest.raises(error, match=message):
+      jax.grad(lambda w: amp.transform(fun)(w, X).sum())(W)
+
+
 # -- pytrees, parameters and input dtypes ---------------------------------------
 
 
@@ -559,6 +615,69 @@ def test_conflicting_keep_f32_and_force_compute_is_an_error():
     amp.transform(_two_layers, keep_f32=["tanh"], force_compute=["tanh"])
 
 
+@pytest.mark.parametrize("option", ["keep_f32", "force_compute"])
+def test_a_string_is_one_op_name(option):
+  op = "tanh" if option == "keep_f32" else "exponential"
+  as_string = amp.transform(_two_layers, **{option: op}).lower(W, X)
+  as_list = amp.transform(_two_layers, **{option: [op]}).lower(W, X)
+  assert as_string.as_text() == as_list.as_text()
+  assert as_string.report().lowered == as_list.report().lowered
+  # Not split at commas: "tanh,exponential" is one (unknown) name.
+  with pytest.raises(ValueError,
+                     match=rf"unknown op 'tanh,exponential' in {option} "):
+    amp.transform(_two_layers, **{option: "tanh,exponential"})
+
+
+@pytest.mark.parametrize("option, name, nearest", [
+    ("keep_f32", "tanhh", "stablehlo.tanh, stablehlo.tan, stablehlo.atan2"),
+    ("keep_f32", ["tanh", "stablehlo.logistc"], "stablehlo.logistic"),
+    ("force_compute", "expo", "stablehlo.exponential"),
+])
+def test_unknown_op_names_list_the_nearest(option, name, nearest):
+  bad = name if isinstance(name, str) else name[-1]
+  with pytest.raises(ValueError, match=re.escape(
+      f"unknown op '{bad}' in {option} (nearest: {nearest}")):
+    amp.transform(_two_layers, **{option: name})
+
+
+def test_op_names_that_are_not_strings_are_a_type_error():
+  with pytest.raises(TypeError, match="keep_f32 must be a string or a list of "
+                     "strings, got int"):
+    amp.transform(_two_layers, keep_f32=3)
+
+
+@pytest.mark.parametrize("params, message", [
+    (["wieght"], "params names 'wieght', which is not an argument of "
+                 "_named (nearest: weight, x)"),
+    ("inputs", "params names 'inputs', which is not an argument of _named "
+               "(nearest: weight, x)"),
+    (2, "params names argument 2, but _named takes 2 positional arguments"),
+    (-3, "params names argument -3, but _named takes 2 positional "
+         "arguments"),
+])
+def test_params_that_match_no_argument_are_errors(params, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    amp.transform(_named, params=params)
+
+
+@pytest.mark.parametrize("params", [[1.5], True, [None]])
+def test_params_of_another_type_are_a_type_error(params):
+  with pytest.raises(TypeError, match=r"params must name arguments by "
+                     r"position \(int\) or name \(str\), got "):
+    amp.transform(_named, params=params)
+
+
+def _named(weight, x):
+  return jnp.tanh(x @ weight)
+
+
+def test_a_string_in_params_is_one_name_and_negative_numbers_count_back():
+  by_name = amp.transform(_named, "p=bf16,c=bf16,o=f32", params="weight")
+  by_negative = amp.transform(_named, "p=bf16,c=bf16,o=f32", params=-2)
+  assert _main_types(by_name.lower(W, X).as_text())[0] == ["bf16", "f32"]
+  assert _main_types(by_negative.lower(W, X).as_text())[0] == ["bf16", "f32"]
+
+
 # -- the report, the target and compilation ---------------------------------------
 
 
@@ -626,17 +745,19 @@ def test_callable_inside_jax_jit():
   assert fast.rewrite_count == 1
 
 
-def test_vmap_gives_the_right_result_or_a_clear_error():
+def test_vmap_runs_a_rewritten_batched_program():
   fast = amp.transform(tanh_dot)
   xs = jnp.stack([X, 2 * X, -X])
-  try:
-    got = jax.vmap(fast, in_axes=(None, 0))(W, xs)
-  except NotImplementedError as error:
-    # Today: JAX has no batching rule for the exported call.
-    assert re.search(r"batching|vmap", str(error), re.IGNORECASE), error
-    return
+  batched = jax.vmap(fast, in_axes=(None, 0))
+  got = batched(W, xs)
+  assert got.shape == (3, 4, 16) and got.dtype == F32
   np.testing.assert_allclose(got, jax.vmap(tanh_dot, in_axes=(None, 0))(
       W, xs), **TOLERANCE[BF16])
+  # The batched program is rewritten too: its dot is bf16.
+  text = jax.jit(batched).lower(W, xs).as_text()
+  assert _op_result_types(text, "stablehlo.convert").count("bf16") >= 2
+  assert any("stablehlo.dot_general" in line and "xbf16>" in line
+             for line in text.splitlines())
 
 
 # -- errors and fallback ----------------------------------------------------------

@@ -19,20 +19,25 @@ import jax
 from jax import export as jax_export
 from jax.extend.mlir import ir
 
-# The JAX releases the test suite runs against (`make test-jax-range` runs the
-# oldest; the newest runs on Python 3.12). Below 0.4.36, jax.ffi_call takes
-# its arguments directly and ShapeDtypeStruct has no weak_type; before 0.4.30
-# there is no jax.export.
+# The JAX releases stablehlo-amp supports, as pyproject.toml declares them (a
+# test checks they agree). `make test-jax-range` runs the driver, training and
+# CLI tests at both ends (the newest, jax 0.11 and later, on Python >= 3.12).
+# jax 0.4.35 fails one of them (f16 training without loss scaling still
+# updates the parameters); before 0.4.30 there is no jax.export.
 SUPPORTED = ">=0.4.36,<0.13"
-_MINIMUM, _LIMIT = (0, 4, 36), (0, 13, 0)
 
 
 class UnsupportedJaxError(ImportError):
   """This JAX release is outside the supported range."""
 
 
-def _version(text: str) -> tuple[int, ...]:
-  return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+def _version(text: str) -> tuple[int, int, int]:
+  parts = [int(part) for part in re.findall(r"\d+", text)[:3]]
+  return tuple(parts + [0] * (3 - len(parts)))  # "0.13" is 0.13.0
+
+
+_MINIMUM = _version(re.search(r">=([\d.]+)", SUPPORTED).group(1))
+_LIMIT = _version(re.search(r"<([\d.]+)", SUPPORTED).group(1))
 
 
 def check_version(version: str | None = None) -> None:
@@ -74,11 +79,12 @@ def deserialize_portable_artifact(data: bytes) -> ir.Module:
 
 def serialize_portable_artifact(module: ir.Module, target: str) -> bytes:
   """A portable artifact of `module` for StableHLO version `target`."""
-  data = _bytecode_of(module)
+  data = bytecode_of(module)
   return _jaxlib_mlir().serialize_portable_artifact(data, target)
 
 
-def _bytecode_of(module: ir.Module) -> bytes:
+def bytecode_of(module: ir.Module) -> bytes:
+  """`module` as MLIR bytecode (not a portable artifact: for this jaxlib)."""
   import io
   buffer = io.BytesIO()
   module.operation.write_bytecode(buffer)
@@ -252,3 +258,39 @@ def zero_tangent(primal: Any) -> Any:
   if hasattr(ad.Zero, "from_primal_value"):
     return ad.Zero.from_primal_value(primal)
   return ad.Zero(aval_of(primal).to_tangent_aval())  # type: ignore
+
+
+def call_module(ctx: Any, bytecode: bytes, name: str,
+                args: Sequence[Any]) -> list:
+  """Lowering rule body: `bytecode`'s public `main` (MLIR bytecode of a
+  module for this jaxlib) merged into the module being lowered as a private
+  function named after `name`, and called on `args`."""
+  from jax.extend.mlir.dialects import func as func_dialect
+  from jax.interpreters import mlir as jax_mlir
+  module_context = ctx.module_context
+  submodule = ir.Module.parse(bytecode, module_context.context)
+  main = next(op for op in submodule.body.operations
+              if ir.StringAttr(op.attributes["sym_name"]).value == "main")
+  callee_type = ir.FunctionType(ir.TypeAttr(main.attributes[
+      "function_type"]).value)
+  merge = jax_mlir.merge_mlir_modules
+  symbol = re.sub(r"[^A-Za-z0-9_]", "_", f"amp_{name}")
+  if "dst_symtab" in inspect.signature(merge).parameters:
+    fn = merge(module_context.module, symbol, submodule,
+               dst_symtab=module_context.symbol_table)
+  else:
+    fn = merge(module_context.module, symbol, submodule)
+  call = func_dialect.CallOp(list(callee_type.results),
+                             ir.FlatSymbolRefAttr.get(fn), list(args))
+  return list(call.results)
+
+
+def kept_arguments(lowered: Any, count: int) -> tuple[int, ...]:
+  """The flat arguments `jax.jit(...).lower(...)` kept in its module (it
+  drops unused ones, and dead code with them)."""
+  compile_args = getattr(getattr(lowered, "_lowering", None), "compile_args",
+                         None) or {}
+  kept = compile_args.get("kept_var_idx")
+  if kept is None:
+    return tuple(range(count))
+  return tuple(sorted(kept))

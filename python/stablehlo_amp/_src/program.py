@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 from jax.extend.mlir import ir
+from jax.interpreters import mlir as jax_mlir
 
 from stablehlo_amp._src import contract
 from stablehlo_amp._src import jax_compat
@@ -45,37 +46,67 @@ def mark_gradients(tree: Any) -> Any:
 @dataclasses.dataclass(frozen=True)
 class Timings:
   """Seconds spent making the program of one signature."""
-  lower: float = 0.0    # jax.export: trace and lower to StableHLO
-  rewrite: float = 0.0  # print, C++ passes, parse and verify
+  lower: float = 0.0    # trace and lower to StableHLO
+  rewrite: float = 0.0  # print, C++ passes, parse, verify, ready to call
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Program:
-  """A rewritten program for one signature, called with flat leaves."""
-  exported: jax_export.Exported
+  """A rewritten program for one signature, called with flat leaves.
+
+  It is called through the primitive `amp_module_call`, whose lowering
+  inlines the rewritten module into the caller's (MLIR bytecode, no
+  portable-artifact round trip); a program with explicit shardings was
+  built with `jax.export` and is called through `Exported.call`, which
+  applies them."""
+  module: ir.Module          # the rewritten, verified module
   result: pl.RewriteResult
   timings: Timings
+  in_avals: tuple            # every argument of main (appended ones too)
+  all_out_avals: tuple       # every result of main (appended ones too)
   num_extra_outputs: int
-  out_tree: Any  # the structure of the function's own outputs
+  out_tree: Any              # the structure of the function's own outputs
+  name: str = "amp"          # the function's name, for the inlined copy
+  exported: jax_export.Exported | None = None
+  bytecode: bytes | None = None  # MLIR bytecode the lowering inlines
+  kept: tuple[int, ...] | None = None  # the leaves main takes (None: all)
 
   @property
   def out_avals(self) -> tuple:
     """The avals of the function's own outputs (not the appended ones)."""
-    count = len(self.exported.out_avals) - self.num_extra_outputs
-    return tuple(self.exported.out_avals[:count])
+    count = len(self.all_out_avals) - self.num_extra_outputs
+    return tuple(self.all_out_avals[:count])
 
   def call(self, leaves: Sequence[Any], extra: Sequence[Any] = ()) -> tuple:
-    """Runs on flat input leaves (+ the loss-scale inputs); returns flat
-    output leaves and the loss-scale outputs."""
-    avals = self.exported.in_avals
+    """Runs on flat input leaves (+ the appended inputs); returns flat
+    output leaves and the appended outputs."""
+    if self.kept is not None:  # unused leaves are not arguments of main
+      leaves = [leaves[i] for i in self.kept]
     # Inputs arrive in whatever float dtype; the module takes its own.
     cast = [leaf.astype(aval.dtype)
             if jnp.issubdtype(jnp.result_type(leaf), jnp.floating) and
             jnp.result_type(leaf) != aval.dtype else leaf
-            for leaf, aval in zip(leaves, avals)]
-    outputs = self.exported.call(*cast, *extra)
+            for leaf, aval in zip(leaves, self.in_avals)]
+    if self.exported is not None:
+      outputs = self.exported.call(*cast, *extra)
+    else:
+      outputs = amp_module_call_p.bind(*cast, *extra, program=self)
     count = len(outputs) - self.num_extra_outputs
     return list(outputs[:count]), list(outputs[count:])
+
+
+amp_module_call_p = jax_compat.primitive_class()("amp_module_call")
+amp_module_call_p.multiple_results = True
+amp_module_call_p.def_abstract_eval(
+    lambda *avals, program: [jax_compat.shaped_array(tuple(a.shape), a.dtype)
+                             for a in program.all_out_avals])
+amp_module_call_p.def_impl(
+    lambda *args, program: jax.jit(
+        lambda *xs: amp_module_call_p.bind(*xs, program=program))(*args))
+jax_mlir.register_lowering(
+    amp_module_call_p,
+    lambda ctx, *args, program: jax_compat.call_module(
+        ctx, program.bytecode, program.name, args))
 
 
 def main_signature(module: ir.Module) -> tuple[list, list]:
@@ -161,34 +192,63 @@ def export(jitted: Callable, args: Sequence, kwargs: dict) -> Any:
     raise pl.RewriteError(f"jax.export cannot export it: {error}") from error
 
 
+# Custom calls that run Python: the callback they point to belongs to the
+# lowering that made them, so the module cannot be moved to another one.
+_HOST_CALLBACKS = ("xla_python_cpu_callback", "xla_python_gpu_callback",
+                   "xla_ffi_python_cpu_callback", "xla_ffi_python_gpu_callback",
+                   "xla_ffi_partitioned_python_cpu_callback")
+
+
+def _lower(jitted: Callable, args: Sequence, kwargs: dict):
+  """(module, kept leaf indices, output tree) of `jitted` lowered for
+  `args`: its StableHLO as JAX emits it, no portable-artifact round trip.
+  Errors raised by the function itself propagate as they are."""
+  lowered = jitted.lower(*args, **kwargs)
+  module = lowered.compiler_ir("stablehlo")
+  text = module.operation.get_asm(large_elements_limit=0)
+  if any(target in text for target in _HOST_CALLBACKS):
+    raise pl.RewriteError("it calls back into Python (a host callback), "
+                          "which cannot move to another program")
+  count = len(jax.tree_util.tree_leaves((args, kwargs)))
+  return module, lowered.out_tree, jax_compat.kept_arguments(lowered, count)
+
+
 def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
           param_flags: Sequence[bool], policy: Policy,
           options: pl.RewriteOptions, source_name: str,
           seed_leaf: int | None = None,
           state_leaves: Sequence[tuple[int, int]] = (),
-          loss_scale: Any = None) -> Program:
-  """Exports `jitted`, rewrites it and returns the flat-called program.
+          loss_scale: Any = None, use_export: bool = False) -> Program:
+  """Lowers `jitted`, rewrites it and returns the flat-called program.
 
-  `param_flags[i]` says whether flat input leaf i takes the `p=` dtype;
-  `seed_leaf` is the flat input leaf holding the loss cotangent seed;
-  `state_leaves` pairs (flat output leaf, flat input leaf) whose new value
-  has the input's dtype and is kept only if the gradients are finite;
-  `loss_scale` is the loss scale whose `amp-loss-scale` pass to run.
+  `param_flags[i]` says whether flat input leaf i
+  takes the `p=` dtype; `seed_leaf` is the flat input leaf holding the loss
+  cotangent seed; `state_leaves` pairs (flat output leaf, flat input leaf)
+  whose new value has the input's dtype and is kept only if the gradients
+  are finite; `loss_scale` is the loss scale whose `amp-loss-scale` pass to
+  run. `use_export` builds through `jax.export` and calls through
+  `Exported.call` (for explicit shardings, which it applies).
 
-  Raises `RewriteError` when the function cannot be exported or rewritten
-  (the caller decides whether to fall back) and `VerificationError` when
-  the rewritten module is invalid (a bug).
+  Raises `RewriteError` when the function cannot be lowered for rewriting
+  or rewritten (the caller decides whether to fall back) and
+  `VerificationError` when the rewritten module is invalid (a bug).
   """
   start = time.perf_counter()
-  exported = export(jitted, export_args, export_kwargs)
-  lowered_at = time.perf_counter()
-  kept = exported.module_kept_var_idx
-  position = {flat: i for i, flat in enumerate(kept)}
   context = pl.ir_context()
+  exported = None
+  if use_export:
+    exported = export(jitted, export_args, export_kwargs)
+    kept, out_tree = exported.module_kept_var_idx, exported.out_tree
+  else:
+    jax_module, out_tree, kept = _lower(jitted, export_args, export_kwargs)
+  lowered_at = time.perf_counter()
+  position = {flat: i for i, flat in enumerate(kept)}
   with context:
-    module = jax_compat.exported_module(exported)
+    module = (jax_compat.exported_module(exported) if use_export else
+              jax_module)
+  with module.context:
     if len(main_signature(module)[0]) != len(kept):
-      raise pl.RewriteError("the exported module has extra arguments "
+      raise pl.RewriteError("the lowered module has extra arguments "
                             "(effect tokens or a platform index)")
     marks: dict[int, list[str]] = {}
     for i, flat in enumerate(kept):
@@ -199,22 +259,35 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
         raise pl.RewriteError("the loss does not depend on the seed")
       marks.setdefault(position[seed_leaf], []).append(
           contract.attribute("loss_seed"))
-    i32 = ir.IntegerType.get_signless(32)
+    i32 = ir.IntegerType.get_signless(32, module.context)
     result_marks = {
         out: {contract.attribute("state_of"): ir.IntegerAttr.get(
             i32, position[arg])}
         for out, arg in state_leaves if arg in position}
     pl.mark_arguments(module, marks, result_marks)
-    result = pl.rewrite_module(
-        module, policy, options, context=context, source_name=source_name,
-        loss_scale=loss_scale.pass_options() if loss_scale else None)
-    for diagnostic in result.diagnostics:
-      warnings.warn(f"stablehlo-amp: {diagnostic}", stacklevel=4)
-    layout = (contract.loss_scale_layout(loss_scale.mode) if loss_scale
-              else {"arguments": (), "results": ()})
-    program = _flat_exported(exported, result.module,
-                             len(layout["arguments"]), len(layout["results"]))
+  result = pl.rewrite_module(
+      module, policy, options, context=context, source_name=source_name,
+      loss_scale=loss_scale.pass_options() if loss_scale else None)
+  for diagnostic in result.diagnostics:
+    warnings.warn(f"stablehlo-amp: {diagnostic}", stacklevel=4)
+  layout = (contract.loss_scale_layout(loss_scale.mode) if loss_scale
+            else {"arguments": (), "results": ()})
+  extra_in, extra_out = len(layout["arguments"]), len(layout["results"])
+  with context:
+    inputs, results = main_signature(result.module)
+    in_avals = tuple(_aval(t) for t in inputs)
+    all_out_avals = tuple(_aval(t) for t in results)
+    if use_export:
+      exported = _flat_exported(exported, result.module, extra_in, extra_out)
+      in_avals, all_out_avals = exported.in_avals, exported.out_avals
+    elif len(inputs) != len(kept) + extra_in:
+      raise pl.RewriteError("the rewritten module has an unexpected number "
+                            "of arguments")
+  # The form the lowering reads, made now: its cost is the rewrite's.
+  bytecode = None if use_export else jax_compat.bytecode_of(result.module)
   done = time.perf_counter()
-  return Program(program, result,
+  return Program(result.module, result,
                  Timings(lower=lowered_at - start, rewrite=done - lowered_at),
-                 len(layout["results"]), exported.out_tree)
+                 in_avals, all_out_avals, extra_out, out_tree,
+                 name=source_name, exported=exported, bytecode=bytecode,
+                 kept=None if use_export else tuple(kept))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.interpreters import mlir as jax_mlir
 
 if TYPE_CHECKING:
   import optax
@@ -112,6 +113,42 @@ def _optimizer_view(params: Any) -> Any:
       return x
     return x.astype(jnp.float32)
   return jax.tree_util.tree_map(view, params)
+
+
+class _Call:
+  """A program as a primitive parameter (hashed by identity)."""
+
+  def __init__(self, program: prog.Program, num_leaves: int):
+    self.program = program
+    self.num_leaves = num_leaves
+
+  def __call__(self, *args) -> list:
+    outputs, extra = self.program.call(args[:self.num_leaves],
+                                       args[self.num_leaves:])
+    return outputs + extra
+
+
+_program_call_p = jax_compat.primitive_class()("amp_program_call")
+_program_call_p.multiple_results = True
+_program_call_p.def_abstract_eval(lambda *avals, call: [
+    jax_compat.shaped_array(tuple(a.shape), a.dtype)
+    for a in call.program.all_out_avals])
+_program_call_p.def_impl(lambda *args, call: jax.jit(call)(*args))
+jax_mlir.register_lowering(
+    _program_call_p, lambda ctx, *args, call: jax_mlir.lower_fun(
+        call, multiple_results=True)(ctx, *args))
+
+
+def _call(program: prog.Program, leaves: Sequence[Any],
+          extra: Sequence[Any]) -> tuple[list, list]:
+  """`program.call(leaves, extra)`, inlined where the primitive is lowered
+  (as `amp.transform` does): traced directly, `Exported.call` commits the
+  outer jit's outputs to a device, so a step called on `init`'s arrays and
+  then on its own outputs would compile twice."""
+  outputs = _program_call_p.bind(*leaves, *extra,
+                                 call=_Call(program, len(leaves)))
+  count = len(outputs) - program.num_extra_outputs
+  return list(outputs[:count]), list(outputs[count:])
 
 
 def _check_same_types(what: str, given: Any, returned: Any) -> None:
@@ -243,7 +280,7 @@ class ValueAndGrad(_LossScaledProgram):
     program = self._build(self._key(diff, rest, kwargs, loss_scale),
                           self._inner, export_args, flags, len(leaves) - 1,
                           loss_scale)
-    outputs, extra = program.call(leaves, loss_scale.state())
+    outputs, extra = _call(program, leaves, loss_scale.state())
     loss, aux, grads = jax.tree_util.tree_unflatten(program.out_tree, outputs)
     # Leaves that are not floats (integer counters) get zeros of their own
     # dtype (jax.grad(allow_int=True) gives float0, which optimizers reject).
@@ -267,14 +304,15 @@ def value_and_grad(fun: Callable, policy: Policy | str = "p=f32,c=f16,o=f32",
   Returns a function ``vg(*args, loss_scale=ls, **kwargs)`` giving
   ``(value, grads), grads_finite, new_loss_scale``: gradients unscaled, in
   f32 for f32, bf16 and f16 arguments alike (they are unscaled and checked
-  in f32; a cast to f16 could overflow after the check). As in JAX, `argnums` is a position (negative ones
-  count from the end) or a sequence of them (`grads` is then a tuple in
-  that order), and keyword arguments are not differentiated. The float
-  leaves of the differentiated arguments are the parameters (they take the
-  ``p=`` dtype, f64 kept); their other leaves get zero gradients of their
-  own dtype. `loss_scale` defaults to `DynamicLossScale()` for f16 compute
-  and `NoOpLossScale()` otherwise. `options` are those of `amp.transform`
-  (level, target, keep_f32, force_compute, dot_result, storage).
+  in f32; a cast to f16 could overflow after the check). As in JAX,
+  `argnums` is a position (negative ones count from the end) or a sequence
+  of them (`grads` is then a tuple in that order), and keyword arguments
+  are not differentiated. The float leaves of the differentiated arguments
+  are the parameters (they take the ``p=`` dtype, f64 kept); their other
+  leaves get zero gradients of their own dtype. `loss_scale` defaults to
+  `DynamicLossScale()` for f16 compute and `NoOpLossScale()` otherwise.
+  `options` are those of `amp.transform` (level, target, keep_f32,
+  force_compute, dot_result, storage).
 
   >>> import jax.numpy as jnp, stablehlo_amp as amp
   >>> vg = amp.value_and_grad(lambda w, x: jnp.sum((x @ w) ** 2))
@@ -395,7 +433,7 @@ class TrainStep(_LossScaledProgram):
     state_leaves = [(loss_aux + i, i) for i in range(carried)]
     program = self._build(self._key(state, batch), inner, export_args, flags,
                           len(leaves) - 1, state.loss_scale, state_leaves)
-    outputs, extra = program.call(leaves, state.loss_scale.state())
+    outputs, extra = _call(program, leaves, state.loss_scale.state())
     loss, aux, new_params, new_opt_state, new_model_state = (
         jax.tree_util.tree_unflatten(program.out_tree, outputs))
     finite = state.loss_scale.grads_finite(extra)

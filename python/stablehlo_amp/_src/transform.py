@@ -130,10 +130,13 @@ class _Spec:
     if self.out_shardings is not None:
       jax.eval_shape(self.fun, *specs)  # the output structure, for
       jit_options["out_shardings"] = self.out_shardings()
+    # Explicit shardings travel through jax.export, whose Exported.call
+    # applies them; everything else is lowered and inlined directly.
+    use_export = self.in_shardings is not None or bool(jit_options)
     program = prog.build(jax.jit(self.fun, **jit_options), specs, {},
                          param_flags=flags,
                          policy=self.policy, options=self.options,
-                         source_name=self.name)
+                         source_name=self.name, use_export=use_export)
     self.builds += 1
     return program
 

@@ -1,0 +1,136 @@
+"""The FP8 lane (`gemm=f8`): scaled e4m3fn/e5m2 GEMM operands.
+
+On XLA:CPU the FP8 converts are emulated, so these tests check the numerics:
+no value overflows to inf or NaN (the conversion saturates), a matrix
+multiply's error stays within what e4m3 with per-tensor scaling allows, the
+backward pass takes e5m2 for its gradient operands, and a model trains to
+a held-out loss close to bf16's.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import stablehlo_amp as amp
+
+F8 = "p=f32,c=bf16,o=f32,gemm=f8"
+BF16 = "p=f32,c=bf16,o=f32"
+
+# Unit roundoffs: e4m3 keeps 3 mantissa bits, bf16 7 (operands are rounded to
+# bf16 by the precision rewrite, then scaled and rounded to e4m3).
+E4M3_U, BF16_U = 2.0 ** -4, 2.0 ** -8
+E4M3_MAX = 448.0
+# Below e4m3fn's smallest normal (2**-6) values are subnormal, spaced 2**-9:
+# an absolute rounding error of at most 2**-10 in scaled units.
+E4M3_SUBNORMAL_ERROR = 2.0 ** -10
+
+
+def _operand_error(x: np.ndarray) -> tuple[float, np.ndarray]:
+  """(relative bound, absolute bound) of the error of x after bf16 then
+  per-tensor-scaled e4m3 rounding."""
+  scale = np.abs(x).max() / E4M3_MAX
+  relative = (1 + BF16_U) * (1 + E4M3_U) - 1
+  return relative, np.full(x.shape, E4M3_SUBNORMAL_ERROR * scale)
+
+
+def e4m3_matmul_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+  """An elementwise bound on |fp8(x) @ fp8(w) - x @ w|.
+
+  With |x' - x| <= d |x| + a and |w' - w| <= d |w| + b (d the relative and
+  a, b the subnormal bounds), each product term is off by at most
+  (d|x| + a)(|w| + d|w| + b) + |x|(d|w| + b); summed over the contraction,
+  plus f32 accumulation (n 2**-24 sum |x||w|).
+  """
+  x, w = x.astype(np.float64), w.astype(np.float64)
+  d, a = _operand_error(x)
+  _, b = _operand_error(w)
+  ax, aw = np.abs(x), np.abs(w)
+  bound = (d * ax + a) @ ((1 + d) * aw + b) + ax @ (d * aw + b)
+  return bound + x.shape[1] * 2.0 ** -24 * (ax @ aw)
+
+
+def test_matmul_with_large_inputs_stays_finite_and_within_the_e4m3_bound():
+  keys = jax.random.split(jax.random.key(0), 2)
+  x = jax.random.uniform(keys[0], (64, 128), minval=-1e4, maxval=1e4)
+  w = jax.random.normal(keys[1], (128, 32))
+  fp8 = amp.transform(lambda x, w: x @ w, F8)
+  got = np.asarray(fp8(x, w), np.float64)
+  want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  assert np.all(np.isfinite(got))
+  error = np.abs(got - want)
+  bound = e4m3_matmul_bound(np.asarray(x), np.asarray(w))
+  assert np.all(error <= bound), float((error / bound).max())
+  # It is FP8, not bf16: the error is well above what bf16 alone gives.
+  bf16 = np.asarray(amp.transform(lambda x, w: x @ w, BF16)(x, w), np.float64)
+  assert (np.linalg.norm(got - want) >
+          4 * np.linalg.norm(bf16 - want)), "no FP8 rounding seen"
+  report = fp8.lower(x, w).report()
+  assert [d.gemm for d in report.fp8_gemms] == [
+      "f8e4m3fn x f8e4m3fn, current scaling"]
+
+
+def test_an_all_zero_operand_gives_zeros_not_nan():
+  fp8 = amp.transform(lambda x, w: x @ w, F8)
+  got = fp8(jnp.zeros((32, 64)), jnp.ones((64, 16)))
+  np.testing.assert_array_equal(np.asarray(got), np.zeros((32, 16)))
+
+
+def test_unscaled_fp8_compute_dtype_is_rejected_pointing_to_gemm():
+  with pytest.raises(ValueError, match=r"FP8 dtype 'f8e4m3fn' cannot be the "
+                     r"compute dtype: .* add gemm=f8"):
+    amp.transform(lambda x, w: x @ w, "p=f32,c=f8e4m3fn,o=f32")
+
+
+def _mlp_problem(seed: int):
+  keys = jax.random.split(jax.random.key(seed), 6)
+  teacher = jax.random.normal(keys[0], (64, 16)) / 8
+  params = {"w1": jax.random.normal(keys[1], (64, 128)) / 8,
+            "b1": jnp.zeros(128),
+            "w2": jax.random.normal(keys[2], (128, 16)) / 11.3}
+
+  def batch(key):
+    x = jax.random.normal(key, (64, 64))
+    return x, jnp.tanh(x @ teacher)
+
+  train = [batch(k) for k in jax.random.split(keys[3], 8)]
+  held_out = [batch(k) for k in jax.random.split(keys[4], 4)]
+  return params, train, held_out
+
+
+def _loss(params, batch):
+  x, y = batch
+  h = jax.nn.gelu(x @ params["w1"] + params["b1"])
+  return jnp.mean((h @ params["w2"] - y) ** 2)
+
+
+def _held_out_loss(policy: str, seed: int, steps: int) -> tuple[float, dict]:
+  params, train, held_out = _mlp_problem(seed)
+  step = amp.train_step(_loss, optax.adam(3e-3), policy)
+  state = step.init(params)
+  for i in range(steps):
+    state, metrics = step(state, train[i % len(train)])
+  assert int(metrics["skipped_steps"]) == 0
+  evaluate = jax.jit(_loss)
+  held = float(np.mean([evaluate(state.params, b) for b in held_out]))
+  return held, step.lower(state, train[0]).report()
+
+
+def test_mlp_trains_in_fp8_to_a_held_out_loss_close_to_bf16():
+  """3 seeds, 150 Adam steps: FP8 (e4m3fn forward, e5m2 gradients, current
+  scaling) ends within 0.05 of bf16's held-out loss on average."""
+  differences = []
+  for seed in range(3):
+    fp8, report = _held_out_loss(F8, seed, 150)
+    bf16, _ = _held_out_loss(BF16, seed, 150)
+    differences.append(fp8 - bf16)
+  assert abs(np.mean(differences)) <= 0.05, differences
+  formats = sorted(d.gemm for d in report.fp8_gemms)
+  # Forward: e4m3 x e4m3; backward: one e5m2 gradient operand per dot.
+  assert formats.count("f8e4m3fn x f8e4m3fn, current scaling") == 2
+  assert len(formats) == 5
+  assert all("f8e5m2" in f for f in formats
+             if f != "f8e4m3fn x f8e4m3fn, current scaling")
