@@ -195,8 +195,13 @@ Value Fp8GemmsPass::referenceAmax(OpBuilder &builder, Location loc,
   Value past = shlo::buildReduceAll(builder, loc, history, "maximum", 0.0);
   Value havePast = shlo::buildCompare(
       builder, loc, past, shlo::buildScalar(builder, loc, f32, 0.0), "GT");
-  Value reference = shlo::buildSelect(builder, loc, havePast, past,
-                                      currentAmax);
+  // A non-finite amax (an overflow upstream) is used as it is, so the
+  // overflow reaches the output (and the loss-scale check) instead of being
+  // clamped away; finite values beyond the history's range saturate.
+  Value reference = shlo::buildSelect(
+      builder, loc, shlo::buildIsFinite(builder, loc, currentAmax),
+      shlo::buildSelect(builder, loc, havePast, past, currentAmax),
+      currentAmax);
   // Roll: [current, history[0 : N-1]].
   Value newest = shlo::buildReshape(builder, loc, currentAmax, {1});
   Value rolled = newest;

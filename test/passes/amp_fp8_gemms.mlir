@@ -112,7 +112,8 @@ func.func public @main(%x: tensor<32x64xf32>, %w: tensor<64x16xf32>, %y: tensor<
 
 // Delayed scaling: one f32[4] amax history per operand, appended to main's
 // arguments and results; the scale comes from the history's max (this
-// step's amax while the history is all zeros), and the new history is this
+// step's amax while the history is all zeros, or when this step's amax is
+// not finite: an overflow is not clamped away), and the new history is this
 // step's amax followed by the first three.
 
 // DELAYED-LABEL: func.func public @main(
@@ -120,7 +121,9 @@ func.func public @main(%x: tensor<32x64xf32>, %w: tensor<64x16xf32>, %y: tensor<
 // DELAYED: %[[AMAX:.*]] = stablehlo.reduce(%{{.*}} init: %{{.*}}) applies stablehlo.maximum across dimensions = [0, 1] : (tensor<32x64xf32>, tensor<f32>) -> tensor<f32>
 // DELAYED: %[[PAST:.*]] = stablehlo.reduce(%[[HX]] init: %{{.*}}) applies stablehlo.maximum across dimensions = [0] : (tensor<4xf32>, tensor<f32>) -> tensor<f32>
 // DELAYED: %[[HAVE:.*]] = stablehlo.compare GT, %[[PAST]], %{{.*}} : (tensor<f32>, tensor<f32>) -> tensor<i1>
-// DELAYED-NEXT: %[[REF:.*]] = stablehlo.select %[[HAVE]], %[[PAST]], %[[AMAX]] : tensor<i1>, tensor<f32>
+// DELAYED-NEXT: %[[FROM:.*]] = stablehlo.select %[[HAVE]], %[[PAST]], %[[AMAX]] : tensor<i1>, tensor<f32>
+// DELAYED-NEXT: %[[FINITE:.*]] = stablehlo.is_finite %[[AMAX]] : (tensor<f32>) -> tensor<i1>
+// DELAYED-NEXT: %[[REF:.*]] = stablehlo.select %[[FINITE]], %[[FROM]], %[[AMAX]] : tensor<i1>, tensor<f32>
 // DELAYED-NEXT: %[[NEWEST:.*]] = stablehlo.reshape %[[AMAX]] : (tensor<f32>) -> tensor<1xf32>
 // DELAYED-NEXT: %[[OLDER:.*]] = stablehlo.slice %[[HX]] [0:3] : (tensor<4xf32>) -> tensor<3xf32>
 // DELAYED-NEXT: %[[ROLLED:.*]] = stablehlo.concatenate %[[NEWEST]], %[[OLDER]], dim = 0 : (tensor<1xf32>, tensor<3xf32>) -> tensor<4xf32>

@@ -70,6 +70,10 @@ class Program:
   exported: jax_export.Exported | None = None
   bytecode: bytes | None = None  # MLIR bytecode the lowering inlines
   kept: tuple[int, ...] | None = None  # the leaves main takes (None: all)
+  # What the passes appended to main, by the attribute on each (in order):
+  # FP8 amax histories (amp-fp8-gemms), then the loss-scale state.
+  extra_in_roles: tuple[str, ...] = ()
+  extra_out_roles: tuple[str, ...] = ()
 
   @property
   def out_avals(self) -> tuple:
@@ -154,6 +158,31 @@ def _aval(mlir_type, like=None) -> Any:
   if like is not None and like.dtype == aval.dtype:
     return like
   return aval
+
+
+def _appended_roles(module: ir.Module, first_argument: int,
+                    first_result: int) -> tuple[tuple[str, ...], ...]:
+  """The role (amp attribute name) of each argument and result of main from
+  `first_argument` / `first_result` on: what the passes appended."""
+  main = next(op for op in module.body.operations
+              if op.operation.name == "func.func" and
+              ir.StringAttr(op.attributes["sym_name"]).value == "main")
+  roles = []
+  for name, first in (("arg_attrs", first_argument),
+                      ("res_attrs", first_result)):
+    found = []
+    attrs = (list(ir.ArrayAttr(main.attributes[name]))
+             if name in main.attributes else [])
+    for entry in attrs[first:]:
+      entry = ir.DictAttr(entry)
+      names = [entry[j].name for j in range(len(entry))
+               if entry[j].name.startswith("amp.")]
+      if len(names) != 1:
+        raise pl.RewriteError(f"an appended argument or result of main has "
+                              f"no single amp role ({names})")
+      found.append(names[0])
+    roles.append(tuple(found))
+  return tuple(roles)
 
 
 def _flat_exported(exported: jax_export.Exported, module: ir.Module,
@@ -270,19 +299,20 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
       loss_scale=loss_scale.pass_options() if loss_scale else None)
   for diagnostic in result.diagnostics:
     warnings.warn(f"stablehlo-amp: {diagnostic}", stacklevel=4)
-  layout = (contract.loss_scale_layout(loss_scale.mode) if loss_scale
-            else {"arguments": (), "results": ()})
-  extra_in, extra_out = len(layout["arguments"]), len(layout["results"])
   with context:
+    in_roles, out_roles = _appended_roles(result.module, len(kept),
+                                          out_tree.num_leaves)
+    extra_in, extra_out = len(in_roles), len(out_roles)
     inputs, results = main_signature(result.module)
     in_avals = tuple(_aval(t) for t in inputs)
     all_out_avals = tuple(_aval(t) for t in results)
     if use_export:
       exported = _flat_exported(exported, result.module, extra_in, extra_out)
       in_avals, all_out_avals = exported.in_avals, exported.out_avals
-    elif len(inputs) != len(kept) + extra_in:
+    elif (len(inputs) != len(kept) + extra_in or
+          len(results) != out_tree.num_leaves + extra_out):
       raise pl.RewriteError("the rewritten module has an unexpected number "
-                            "of arguments")
+                            "of arguments or results")
   # The form the lowering reads, made now: its cost is the rewrite's.
   bytecode = None if use_export else jax_compat.bytecode_of(result.module)
   done = time.perf_counter()
@@ -290,4 +320,5 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
                  Timings(lower=lowered_at - start, rewrite=done - lowered_at),
                  in_avals, all_out_avals, extra_out, out_tree,
                  name=source_name, exported=exported, bytecode=bytecode,
-                 kept=None if use_export else tuple(kept))
+                 kept=None if use_export else tuple(kept),
+                 extra_in_roles=in_roles, extra_out_roles=out_roles)

@@ -20,6 +20,7 @@ from jax.interpreters import mlir as jax_mlir
 if TYPE_CHECKING:
   import optax
 
+from stablehlo_amp._src import contract
 from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
@@ -169,15 +170,36 @@ def _check_same_types(what: str, given: Any, returned: Any) -> None:
                       f" expected {describe(a)}, got {describe(b)}")
 
 
+def _split_extra(program: prog.Program, extra: Sequence[Any]
+                 ) -> tuple[list, list]:
+  """The appended outputs: (FP8 amax histories, loss-scale outputs)."""
+  history = contract.attribute("amax_history")
+  histories = [v for v, r in zip(extra, program.extra_out_roles)
+               if r == history]
+  rest = [v for v, r in zip(extra, program.extra_out_roles) if r != history]
+  return histories, rest
+
+
+def _extra_inputs(program: prog.Program, histories: Sequence[Any],
+                  loss_scale: LossScale) -> list:
+  """The appended inputs in main's order, by role."""
+  history = contract.attribute("amax_history")
+  given, scale_state = iter(histories), iter(loss_scale.state())
+  return [next(given) if role == history else next(scale_state)
+          for role in program.extra_in_roles]
+
+
 class _LossScaledProgram:
   """Common machinery: an outer jit whose trace builds (once per signature)
   the rewritten program and calls it."""
+
+  _extra_options: frozenset = frozenset()
 
   def __init__(self, fun: Callable, policy: Policy | str, options: dict):
     self.fun = fun
     self.policy = as_policy(policy)
     known = {"level", "target", "dot_result", "storage", "keep_f32",
-             "force_compute"}
+             "force_compute"} | self._extra_options
     unknown = sorted(set(options) - known)
     if unknown:
       raise TypeError(f"unexpected options: {', '.join(unknown)} (accepted: "
@@ -280,7 +302,8 @@ class ValueAndGrad(_LossScaledProgram):
     program = self._build(self._key(diff, rest, kwargs, loss_scale),
                           self._inner, export_args, flags, len(leaves) - 1,
                           loss_scale)
-    outputs, extra = _call(program, leaves, loss_scale.state())
+    outputs, extra = _call(program, leaves,
+                           _extra_inputs(program, (), loss_scale))
     loss, aux, grads = jax.tree_util.tree_unflatten(program.out_tree, outputs)
     # Leaves that are not floats (integer counters) get zeros of their own
     # dtype (jax.grad(allow_int=True) gives float0, which optimizers reject).
@@ -332,11 +355,16 @@ class TrainState(NamedTuple):
   loss_scale: LossScale
   skipped_steps: jax.Array  # int32: steps skipped for non-finite gradients
   model_state: Any = None   # e.g. BatchNorm statistics; None if unused
+  # FP8 delayed scaling: one f32[amax_history] per FP8 operand, newest
+  # first; None until the first step (which makes them).
+  amax_history: Any = None
 
 
 class TrainStep(_LossScaledProgram):
   """`amp.train_step(...)`: ``state = step.init(params)``, then
   ``state, metrics = step(state, batch)``."""
+
+  _extra_options = frozenset({"fp8_scaling", "amax_history"})
 
   def __init__(self, loss_fn: Callable,
                optimizer: "optax.GradientTransformation",
@@ -405,7 +433,13 @@ class TrainStep(_LossScaledProgram):
 
   def lower(self, state: TrainState, batch: Any) -> Lowered:
     jax_lowered = self._outer.lower(state, batch)
-    return Lowered(jax_lowered, self._programs.get(self._key(state, batch)))
+    return Lowered(jax_lowered,
+                   self._programs.get(self._program_key(state, batch)))
+
+  def _program_key(self, state: TrainState, batch: Any) -> Any:
+    # The amax histories appear after the first step; the program is the
+    # same with or without them.
+    return self._key(state._replace(amax_history=None), batch)
 
   def _traced(self, state: TrainState, batch):
     seed = jnp.ones((), jnp.float32)
@@ -431,13 +465,21 @@ class TrainStep(_LossScaledProgram):
     loss_aux = len(_leaves(out_shapes[:2]))
     carried = len(_leaves((params, opt_state, model_state)))
     state_leaves = [(loss_aux + i, i) for i in range(carried)]
-    program = self._build(self._key(state, batch), inner, export_args, flags,
-                          len(leaves) - 1, state.loss_scale, state_leaves)
-    outputs, extra = _call(program, leaves, state.loss_scale.state())
+    program = self._build(self._program_key(state, batch), inner, export_args,
+                          flags, len(leaves) - 1, state.loss_scale,
+                          state_leaves)
+    histories = self._histories(program, state.amax_history)
+    outputs, extra = _call(program, leaves, _extra_inputs(
+        program, histories, state.loss_scale))
+    new_histories, extra = _split_extra(program, extra)
     loss, aux, new_params, new_opt_state, new_model_state = (
         jax.tree_util.tree_unflatten(program.out_tree, outputs))
     finite = state.loss_scale.grads_finite(extra)
     loss_scale = state.loss_scale.with_state(extra)
+    # An overflowed step's amaxes (inf) stay out of the histories.
+    new_histories = (tuple(jnp.where(finite, new, old) for new, old in
+                           zip(new_histories, histories))
+                     if histories else None)
     skipped = state.skipped_steps + jnp.where(finite, 0, 1).astype(jnp.int32)
     metrics = {"loss": loss, "grads_finite": finite,
                "loss_scale": jnp.asarray(loss_scale.loss_scale, jnp.float32),
@@ -445,7 +487,19 @@ class TrainStep(_LossScaledProgram):
     if self.has_aux:
       metrics["aux"] = aux
     return TrainState(new_params, new_opt_state, loss_scale, skipped,
-                      new_model_state), metrics
+                      new_model_state, new_histories), metrics
+
+  def _histories(self, program: prog.Program, given: Any) -> tuple:
+    """The amax histories the program takes: the state's, or zeros on the
+    first step (an all-zero history scales by the current amax)."""
+    count = program.extra_in_roles.count(contract.attribute("amax_history"))
+    if given is not None:
+      if len(given) != count:
+        raise TypeError(f"the state holds {len(given)} amax histories, the "
+                        f"step's program takes {count}")
+      return tuple(given)
+    length = self._options.amax_history
+    return tuple(jnp.zeros((length,), jnp.float32) for _ in range(count))
 
 
 def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
@@ -471,6 +525,12 @@ def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
   and rounded once per step; the optimizer state stays f32). `loss_scale`
   defaults to `DynamicLossScale()` for f16 compute and `NoOpLossScale()`
   otherwise.
+
+  With an FP8 policy (``gemm=f8``), ``fp8_scaling="delayed"`` scales each
+  FP8 operand by the max of its last `amax_history` amaxes (default 16),
+  carried in ``state.amax_history`` (made by the first step, which
+  therefore compiles a second time; an overflowed step leaves them as they
+  were); the default ``"current"`` scales by this step's amax.
 
   >>> import jax.numpy as jnp, optax, stablehlo_amp as amp
   >>> step = amp.train_step(lambda w, b: jnp.mean((b @ w) ** 2),
