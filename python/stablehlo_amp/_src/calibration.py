@@ -14,6 +14,7 @@ compile per group plus a few: `Calibration.compiles` says how many.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Any, Mapping, Sequence
 
@@ -68,6 +69,19 @@ class Calibration:
                    f"{effect.error_if_kept:.3g}, contribution "
                    f"{effect.contribution:.3g}  {effect.loc}")
     return "\n".join(lines)
+
+
+_FRAME = re.compile(r'"([^"(]+)"\("([^"]+)":(\d+):(\d+)')
+
+
+def short_location(loc: str) -> str:
+  """`f at model.py:12:7` for a location's innermost frame in the user's
+  code (JAX's locations nest call sites), else the location as it is."""
+  for function, file, line, column in _FRAME.findall(loc):
+    if "/stablehlo_amp/" not in file and "/jax/" not in file:
+      return f"{function} at {file}:{line}:{column}"
+  match = re.match(r'loc\("([^"]+)":(\d+):(\d+)\)', loc)
+  return f"{match[1]}:{match[2]}:{match[3]}" if match else loc
 
 
 def load_inputs(path: str) -> list[np.ndarray]:
@@ -154,7 +168,7 @@ def calibrate(module: ir.Module, policy: Policy, options: pl.RewriteOptions,
 
   base, base_error = error_of(())
   report = base.report
-  groups = {d.group: d.loc for d in report.decisions
+  groups = {d.group: short_location(d.loc) for d in report.decisions
             if d.group is not None and d.op.endswith(("dot_general",
                                                       "convolution"))
             and d.precision == "low"}

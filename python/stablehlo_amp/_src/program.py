@@ -242,39 +242,33 @@ def _lower(jitted: Callable, args: Sequence, kwargs: dict):
   return module, lowered.out_tree, jax_compat.kept_arguments(lowered, count)
 
 
-def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
-          param_flags: Sequence[bool], policy: Policy,
-          options: pl.RewriteOptions, source_name: str,
-          seed_leaf: int | None = None,
-          state_leaves: Sequence[tuple[int, int]] = (),
-          loss_scale: Any = None, use_export: bool = False) -> Program:
-  """Lowers `jitted`, rewrites it and returns the flat-called program.
+@dataclasses.dataclass
+class Marked:
+  """A function's StableHLO, lowered and marked for the passes, before any
+  rewrite."""
+  module: ir.Module
+  kept: tuple[int, ...]   # the flat input leaves main takes
+  out_tree: Any
+  exported: jax_export.Exported | None
+  lower_seconds: float
 
-  `param_flags[i]` says whether flat input leaf i
-  takes the `p=` dtype; `seed_leaf` is the flat input leaf holding the loss
-  cotangent seed; `state_leaves` pairs (flat output leaf, flat input leaf)
-  whose new value has the input's dtype and is kept only if the gradients
-  are finite; `loss_scale` is the loss scale whose `amp-loss-scale` pass to
-  run. `use_export` builds through `jax.export` and calls through
-  `Exported.call` (for explicit shardings, which it applies).
 
-  Raises `RewriteError` when the function cannot be lowered for rewriting
-  or rewritten (the caller decides whether to fall back) and
-  `VerificationError` when the rewritten module is invalid (a bug).
-  """
+def lower_marked(jitted: Callable, args: Sequence, kwargs: dict, *,
+                 param_flags: Sequence[bool], seed_leaf: int | None = None,
+                 state_leaves: Sequence[tuple[int, int]] = (),
+                 use_export: bool = False) -> Marked:
+  """Lowers `jitted` and marks its main for the passes (see `build`)."""
   start = time.perf_counter()
-  context = pl.ir_context()
   exported = None
   if use_export:
-    exported = export(jitted, export_args, export_kwargs)
+    exported = export(jitted, args, kwargs)
     kept, out_tree = exported.module_kept_var_idx, exported.out_tree
+    with pl.ir_context():
+      module = jax_compat.exported_module(exported)
   else:
-    jax_module, out_tree, kept = _lower(jitted, export_args, export_kwargs)
-  lowered_at = time.perf_counter()
+    module, out_tree, kept = _lower(jitted, args, kwargs)
+  lowered = time.perf_counter() - start
   position = {flat: i for i, flat in enumerate(kept)}
-  with context:
-    module = (jax_compat.exported_module(exported) if use_export else
-              jax_module)
   with module.context:
     if len(main_signature(module)[0]) != len(kept):
       raise pl.RewriteError("the lowered module has extra arguments "
@@ -294,6 +288,39 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
             i32, position[arg])}
         for out, arg in state_leaves if arg in position}
     pl.mark_arguments(module, marks, result_marks)
+  return Marked(module, tuple(kept), out_tree, exported, lowered)
+
+
+def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
+          param_flags: Sequence[bool], policy: Policy,
+          options: pl.RewriteOptions, source_name: str,
+          seed_leaf: int | None = None,
+          state_leaves: Sequence[tuple[int, int]] = (),
+          loss_scale: Any = None, use_export: bool = False,
+          marked: Marked | None = None) -> Program:
+  """Lowers `jitted`, rewrites it and returns the flat-called program.
+
+  `param_flags[i]` says whether flat input leaf i takes the `p=` dtype;
+  `seed_leaf` is the flat input leaf holding the loss cotangent seed;
+  `state_leaves` pairs (flat output leaf, flat input leaf) whose new value
+  has the input's dtype and is kept only if the gradients are finite;
+  `loss_scale` is the loss scale whose `amp-loss-scale` pass to run.
+  `use_export` builds through `jax.export` and calls through
+  `Exported.call` (for explicit shardings, which it applies). `marked` is
+  the function already lowered and marked (calibration did it).
+
+  Raises `RewriteError` when the function cannot be lowered for rewriting
+  or rewritten (the caller decides whether to fall back) and
+  `VerificationError` when the rewritten module is invalid (a bug).
+  """
+  if marked is None:
+    marked = lower_marked(jitted, export_args, export_kwargs,
+                          param_flags=param_flags, seed_leaf=seed_leaf,
+                          state_leaves=state_leaves, use_export=use_export)
+  started = time.perf_counter()
+  context = pl.ir_context()
+  module, kept, out_tree, exported = (marked.module, marked.kept,
+                                      marked.out_tree, marked.exported)
   result = pl.rewrite_module(
       module, policy, options, context=context, source_name=source_name,
       loss_scale=loss_scale.pass_options() if loss_scale else None)
@@ -306,7 +333,7 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
     inputs, results = main_signature(result.module)
     in_avals = tuple(_aval(t) for t in inputs)
     all_out_avals = tuple(_aval(t) for t in results)
-    if use_export:
+    if exported is not None:
       exported = _flat_exported(exported, result.module, extra_in, extra_out)
       in_avals, all_out_avals = exported.in_avals, exported.out_avals
     elif (len(inputs) != len(kept) + extra_in or
@@ -314,11 +341,11 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
       raise pl.RewriteError("the rewritten module has an unexpected number "
                             "of arguments or results")
   # The form the lowering reads, made now: its cost is the rewrite's.
-  bytecode = None if use_export else jax_compat.bytecode_of(result.module)
+  bytecode = None if exported else jax_compat.bytecode_of(result.module)
   done = time.perf_counter()
   return Program(result.module, result,
-                 Timings(lower=lowered_at - start, rewrite=done - lowered_at),
+                 Timings(lower=marked.lower_seconds, rewrite=done - started),
                  in_avals, all_out_avals, extra_out, out_tree,
                  name=source_name, exported=exported, bytecode=bytecode,
-                 kept=None if use_export else tuple(kept),
+                 kept=None if exported else tuple(kept),
                  extra_in_roles=in_roles, extra_out_roles=out_roles)

@@ -98,6 +98,9 @@ class _Spec:
     self._programs: dict[Hashable, prog.Program | None] = {}
     self._children: dict[Hashable, _Spec] = {}
     self._bind = None
+    # Calibration's decisions, by input signature (see `calibrate`).
+    self.calibrations: dict[Hashable, Any] = {}
+    self._options_by_key: dict[Hashable, pl.RewriteOptions] = {}
     self.builds = 0  # programs built (cache misses)
 
   def program(self, avals: Sequence[Any]) -> prog.Program | None:
@@ -133,9 +136,10 @@ class _Spec:
     # Explicit shardings travel through jax.export, whose Exported.call
     # applies them; everything else is lowered and inlined directly.
     use_export = self.in_shardings is not None or bool(jit_options)
+    options = self._options_by_key.get(_aval_key(avals), self.options)
     program = prog.build(jax.jit(self.fun, **jit_options), specs, {},
                          param_flags=flags,
-                         policy=self.policy, options=self.options,
+                         policy=self.policy, options=options,
                          source_name=self.name, use_export=use_export)
     self.builds += 1
     return program
@@ -153,6 +157,31 @@ class _Spec:
     outputs = (program.out_avals if program is not None else
                jax.eval_shape(self.fun, *avals))
     return [jax_compat.shaped_array(tuple(a.shape), a.dtype) for a in outputs]
+
+  def calibrate(self, avals: Sequence[Any], inputs: Sequence[Any],
+                tolerance: float) -> Any:
+    """Keeps in f32 the fewest groups that bring every output within
+    `tolerance` of f32 on `inputs` (the flat leaves), for these avals; the
+    program built next uses the decision."""
+    from stablehlo_amp._src import calibration
+    key = _aval_key(avals)
+    if key in self.calibrations:
+      return self.calibrations[key]
+    flags = self.param_rule(avals)
+    specs = [jax.ShapeDtypeStruct(a.shape, jnp.float32 if flag else a.dtype,
+                                  weak_type=bool(getattr(a, "weak_type",
+                                                         False)))
+             for a, flag in zip(avals, flags)]
+    marked = prog.lower_marked(jax.jit(self.fun), specs, {},
+                               param_flags=flags)
+    inputs = [np.asarray(inputs[i]) for i in marked.kept]
+    _, decided = calibration.calibrate(
+        marked.module, self.policy, self.options, inputs,
+        tolerance=tolerance, context=pl.ir_context(), source_name=self.name)
+    self._options_by_key[key] = self.options.replace(keep_groups=decided.kept)
+    self.calibrations[key] = decided
+    self._programs.pop(key, None)
+    return decided
 
   def cached_program(self, avals: Sequence[Any]) -> prog.Program | None:
     return self._programs.get(_aval_key(avals))
@@ -409,9 +438,11 @@ def _check_params(fun: Callable, params: tuple) -> None:
 class Lowered:
   """A rewritten function lowered for one signature, before compilation."""
 
-  def __init__(self, jax_lowered: Any, program: prog.Program | None):
+  def __init__(self, jax_lowered: Any, program: prog.Program | None,
+               calibration: Any = None):
     self._jax_lowered = jax_lowered
     self._program = program
+    self.calibration = calibration  # what calibration kept, if it ran
     self._compiled = None
 
   def as_text(self, debug_info: bool = False) -> str:
@@ -459,10 +490,14 @@ class Transformed:
   def __init__(self, fun: Callable, policy: Policy, *, params: tuple | None,
                options: pl.RewriteOptions, static_argnums: tuple,
                static_argnames: tuple, donate_argnums: tuple,
-               donate_argnames: tuple, in_shardings: Any, out_shardings: Any):
+               donate_argnames: tuple, in_shardings: Any, out_shardings: Any,
+               calibrate: Any = None, tolerance: float | None = None):
     self.fun = fun
     self.policy = policy
     self._options = options
+    # None, True (the first call's inputs) or the arguments to calibrate on.
+    self._calibrate = calibrate
+    self._tolerance = tolerance
     self._static = _Arguments(fun, static_argnums, static_argnames)
     self._params = None if params is None else _Arguments(
         fun, [p for p in params if isinstance(p, int)],
@@ -489,14 +524,46 @@ class Transformed:
     return sum(count(spec) for spec, _ in self._specs.values())
 
   def __call__(self, *args, **kwargs):
+    if self._calibrate is not None:
+      self._calibrated(args, kwargs)
     return self._outer(*args, **kwargs)
 
   def lower(self, *args, **kwargs) -> Lowered:
     """Lowers and rewrites for these arguments without running."""
+    if self._calibrate is not None:
+      self._calibrated(args, kwargs)
     jax_lowered = self._outer.lower(*args, **kwargs)
     leaves, spec, _ = self._flat(args, kwargs)
-    return Lowered(jax_lowered, spec.cached_program(
-        [jax_compat.aval_of(x) for x in leaves]) if spec else None)
+    avals = [jax_compat.aval_of(x) for x in leaves]
+    return Lowered(jax_lowered,
+                   spec.cached_program(avals) if spec else None,
+                   spec.calibrations.get(_aval_key(avals)) if spec else None)
+
+  def _calibrated(self, args: Sequence, kwargs: dict) -> None:
+    """Calibrates this signature once, on the first call's inputs or the
+    ones `calibrate=` gave."""
+    spec, _ = self._spec(args, kwargs)
+    leaves, _, _ = self._flat(args, kwargs)
+    avals = [jax_compat.aval_of(x) for x in leaves]
+    if _aval_key(avals) in spec.calibrations:
+      return
+    if self._calibrate is True:
+      inputs = leaves
+      if any(isinstance(x, jax.core.Tracer) or
+             isinstance(x, jax.ShapeDtypeStruct) for x in inputs):
+        raise TypeError(
+            "calibrate=True calibrates on the first call's inputs, which "
+            "must be arrays, not tracers or shapes (call the transformed "
+            "function outside jax.jit once, or pass calibrate=(args...))")
+    else:
+      given = (self._calibrate if isinstance(self._calibrate, tuple)
+               else (self._calibrate,))
+      calibration_leaves, _, key = self._flat(given, {})
+      if key != self._flat(args, kwargs)[2]:
+        raise TypeError("the calibrate= arguments do not have the structure "
+                        "(or static arguments) of the call")
+      inputs = calibration_leaves
+    spec.calibrate(avals, inputs, self._tolerance)
 
   # -- tracing -------------------------------------------------------------
 
@@ -621,7 +688,8 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
               keep_f32: str | Iterable[str] = (),
               force_compute: str | Iterable[str] = (),
               dot_result: str | None = None,
-              storage: str | None = None) -> Transformed:
+              storage: str | None = None, calibrate: Any = None,
+              tolerance: float | None = None) -> Transformed:
   """Rewrites `fun` to a mixed-precision policy; use it like `jax.jit(fun)`.
 
   Args:
@@ -642,11 +710,19 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
     storage: ``"f32"`` or ``"compute"``: whether large f32 results that are
       read again later are stored rounded to the compute dtype (default: the
       target's).
+    calibrate, tolerance: the accuracy budget (opt in). With ``calibrate=
+      True`` the first call's inputs, or with ``calibrate=(args...)`` the
+      given ones, are run through the f32 and the mixed program, and the
+      fewest matrix-multiply groups are kept in f32 that bring every output
+      within `tolerance` (default 1e-2) of f32, relative to its norm. The
+      decision is made once per input signature and cached with the
+      program; ``.lower(...).calibration`` says what was kept and what it
+      cost (about one compile per group).
 
   The result composes with `jax.jit`, `jax.grad`, `jax.vjp`, `jax.jvp` and
-  `jax.vmap`: each derived program is exported and rewritten with the same
-  policy. Functions `jax.export` cannot export (host callbacks) run
-  unchanged, with a warning.
+  `jax.vmap`: each derived program is lowered and rewritten with the same
+  policy (calibration applies to the function itself). Functions that call
+  back into Python (host callbacks) run unchanged, with a warning.
 
   >>> import jax, jax.numpy as jnp, stablehlo_amp as amp
   >>> fast = amp.transform(lambda w, x: jnp.tanh(x @ w), "p=f32,c=bf16,o=f32")
@@ -670,6 +746,15 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
   params_tuple = None if params is None else _as_tuple(params)
   if params_tuple is not None:
     _check_params(fun, params_tuple)
+  if tolerance is not None and calibrate is None:
+    raise TypeError("tolerance= is the calibration's budget: it needs "
+                    "calibrate=True or calibrate=(args...)")
+  if calibrate is False:
+    calibrate = None
+  if calibrate is not None:
+    tolerance = 1e-2 if tolerance is None else float(tolerance)
+    if not tolerance > 0:
+      raise ValueError(f"tolerance must be positive, got {tolerance}")
 
   def merged(name: str, given: Any) -> tuple:
     return tuple(dict.fromkeys(_as_tuple(given) + inherited.get(name, ())))
@@ -680,4 +765,5 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
       static_argnames=merged("static_argnames", static_argnames),
       donate_argnums=merged("donate_argnums", donate_argnums),
       donate_argnames=merged("donate_argnames", donate_argnames),
-      in_shardings=in_shardings, out_shardings=out_shardings)
+      in_shardings=in_shardings, out_shardings=out_shardings,
+      calibrate=calibrate, tolerance=tolerance)

@@ -1,0 +1,121 @@
+"""The accuracy budget: calibration keeps the fewest matrix-multiply groups
+in f32 that bring every output within a tolerance of f32."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stablehlo_amp as amp
+from stablehlo_amp._src import cli
+
+KEYS = jax.random.split(jax.random.key(1), 5)
+ARGS = (jax.random.normal(KEYS[0], (64, 64)) / 8,
+        jax.random.normal(KEYS[1], (64, 64)) / 8,
+        jax.random.normal(KEYS[2], (64, 16)) / 8,
+        jax.random.normal(KEYS[3], (32, 64)))
+
+
+def three_dots(w1, w2, w3, x):
+  return (jnp.tanh(jnp.tanh(x @ w1) @ w2) @ w3) * 30.0
+
+
+def _relative_error(got, want) -> float:
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def _bf16_dots(text: str) -> int:
+  return len(re.findall(r"stablehlo\.dot_general .*\(tensor<[^>]*bf16>", text))
+
+
+def test_without_calibration_the_error_is_above_the_tightest_budgets():
+  error = _relative_error(amp.transform(three_dots)(*ARGS), three_dots(*ARGS))
+  assert 1e-3 < error < 1e-2, error
+
+
+@pytest.mark.parametrize("tolerance, kept_groups", [(1e-2, 0), (3e-3, 2),
+                                                    (1e-3, 3)])
+def test_calibration_keeps_the_fewest_groups_that_meet_the_budget(
+    tolerance, kept_groups):
+  fast = amp.transform(three_dots, calibrate=True, tolerance=tolerance)
+  got = fast(*ARGS)
+  assert _relative_error(got, three_dots(*ARGS)) <= tolerance
+  lowered = fast.lower(*ARGS)
+  calibration = lowered.calibration
+  assert len(calibration.kept) == kept_groups
+  assert calibration.error <= tolerance
+  assert _bf16_dots(lowered.as_text()) == 3 - kept_groups
+  # Groups are kept in order of how much each alone lowers the error.
+  ranked = sorted(calibration.effects, key=lambda e: -e.contribution)
+  assert set(calibration.kept) == {e.group for e in ranked[:kept_groups]}
+  # What it cost: the f32 program, the mixed one, one per group when the
+  # budget is not met, and the bisection.
+  assert calibration.compiles >= 2
+  if kept_groups:
+    assert calibration.compiles >= 2 + len(calibration.effects)
+  assert calibration.cost_in_compiles > 1
+
+
+def test_calibration_runs_once_per_signature_and_is_cached():
+  fast = amp.transform(three_dots, calibrate=True, tolerance=3e-3)
+  first = fast(*ARGS)
+  calibration = fast.lower(*ARGS).calibration
+  second = fast(*ARGS)
+  np.testing.assert_array_equal(np.asarray(first), np.asarray(second))
+  assert fast.lower(*ARGS).calibration is calibration
+
+
+def test_calibrate_on_given_inputs():
+  fast = amp.transform(three_dots, calibrate=ARGS, tolerance=3e-3)
+  lowered = fast.lower(*ARGS)  # calibrates on ARGS, not on what lower sees
+  assert len(lowered.calibration.kept) == 2
+
+
+def test_calibration_needs_arrays_and_a_budget_needs_calibration():
+  fast = amp.transform(three_dots, calibrate=True)
+  with pytest.raises(TypeError, match="calibrate=True calibrates on the "
+                     "first call's inputs"):
+    jax.jit(fast)(*ARGS)
+  with pytest.raises(TypeError, match="tolerance= is the calibration's "
+                     "budget: it needs calibrate="):
+    amp.transform(three_dots, tolerance=1e-3)
+  with pytest.raises(ValueError, match="tolerance must be positive"):
+    amp.transform(three_dots, calibrate=True, tolerance=0.0)
+
+
+def _write_inputs(tmp_path) -> tuple:
+  module = tmp_path / "three_dots.mlir"
+  module.write_text(jax.jit(three_dots).lower(*ARGS).as_text())
+  inputs = tmp_path / "inputs.npz"
+  np.savez(inputs, **{f"arg{i}": np.asarray(a) for i, a in enumerate(ARGS)})
+  return module, inputs
+
+
+def test_amp_opt_calibrates_on_an_npz(tmp_path, capsys):
+  module, inputs = _write_inputs(tmp_path)
+  out = tmp_path / "out.mlir"
+  status = cli.main([str(module), "--calibrate", str(inputs), "--tolerance",
+                     "3e-3", "--target", "cpu", "-o", str(out)])
+  err = capsys.readouterr().err
+  assert status == 0, err
+  assert re.search(r"calibration: tolerance 0.003, error without f32 groups "
+                   r"0\.00\d+, with 2 of 3 groups kept in f32", err)
+  assert _bf16_dots(out.read_text()) == 1
+
+
+def test_amp_opt_calibration_errors(tmp_path, capsys):
+  module, inputs = _write_inputs(tmp_path)
+  assert cli.main([str(module), "--tolerance", "1e-3"]) == 2
+  assert "--tolerance needs --calibrate" in capsys.readouterr().err
+  assert cli.main([str(module), "--calibrate", str(tmp_path / "no.npz")]) == 2
+  assert "cannot read calibration inputs" in capsys.readouterr().err
+  few = tmp_path / "few.npz"
+  np.savez(few, arg0=np.asarray(ARGS[0]))
+  assert cli.main([str(module), "--calibrate", str(few)]) == 1
+  assert ("main takes 4 arguments, the calibration inputs hold 1 arrays"
+          in capsys.readouterr().err)
