@@ -35,19 +35,28 @@ bool isExactWidening(Type from, Type to) {
                                               toFloat.getFloatSemantics());
 }
 
-/// A pattern on `stablehlo.convert`, an unregistered op matched by name.
+/// A pattern on `stablehlo.convert`, an unregistered op matched by name:
+/// subclasses see only well-formed (unary) converts.
 struct ConvertPattern : RewritePattern {
   explicit ConvertPattern(MLIRContext *context, PatternBenefit benefit = 1)
       : RewritePattern(kConvertName, benefit, context) {}
+
+  LogicalResult matchAndRewrite(Operation *op,
+                                PatternRewriter &rewriter) const final {
+    if (op->getNumOperands() != 1 || op->getNumResults() != 1)
+      return rewriter.notifyMatchFailure(op, "not a unary convert");
+    return rewriteConvert(op, rewriter);
+  }
+
+  virtual LogicalResult rewriteConvert(Operation *op,
+                                       PatternRewriter &rewriter) const = 0;
 };
 
 /// convert(x : T) -> T is x.
 struct FoldIdentityConvert final : ConvertPattern {
   using ConvertPattern::ConvertPattern;
-  LogicalResult matchAndRewrite(Operation *op,
-                                PatternRewriter &rewriter) const override {
-    if (op->getNumOperands() != 1 || op->getNumResults() != 1)
-      return rewriter.notifyMatchFailure(op, "not a unary convert");
+  LogicalResult rewriteConvert(Operation *op,
+                               PatternRewriter &rewriter) const override {
     if (op->getOperand(0).getType() != op->getResult(0).getType())
       return rewriter.notifyMatchFailure(op, "changes the type");
     rewriter.replaceOp(op, op->getOperand(0));
@@ -60,10 +69,8 @@ struct FoldIdentityConvert final : ConvertPattern {
 /// is T, it is x.
 struct FoldExactRoundTrip final : ConvertPattern {
   using ConvertPattern::ConvertPattern;
-  LogicalResult matchAndRewrite(Operation *op,
-                                PatternRewriter &rewriter) const override {
-    if (op->getNumOperands() != 1 || op->getNumResults() != 1)
-      return rewriter.notifyMatchFailure(op, "not a unary convert");
+  LogicalResult rewriteConvert(Operation *op,
+                               PatternRewriter &rewriter) const override {
     Operation *producer = op->getOperand(0).getDefiningOp();
     if (!producer || !shlo::isConvert(producer) ||
         producer->getNumOperands() != 1)
@@ -88,10 +95,8 @@ struct FoldExactRoundTrip final : ConvertPattern {
 /// the op that holds it (a `case` branch, a loop body).
 struct MergeDuplicateConverts final : ConvertPattern {
   using ConvertPattern::ConvertPattern;
-  LogicalResult matchAndRewrite(Operation *op,
-                                PatternRewriter &rewriter) const override {
-    if (op->getNumOperands() != 1 || op->getNumResults() != 1)
-      return rewriter.notifyMatchFailure(op, "not a unary convert");
+  LogicalResult rewriteConvert(Operation *op,
+                               PatternRewriter &rewriter) const override {
     Value input = op->getOperand(0);
     Type type = op->getResult(0).getType();
     for (Operation *at = op; at && at->getBlock(); at = at->getParentOp()) {
