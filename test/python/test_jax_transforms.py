@@ -309,7 +309,16 @@ def test_custom_vjp_rules_apply_in_the_backward_program():
   loss = lambda fun: lambda w: jnp.sum(fun(w, X))
   w = MLP_PARAMS["w1"]
   got = jax.grad(loss(fast))(w)
-  _assert_tree_close(got, jax.grad(loss(clipped))(w))
+
+  # The reference rounds the dot's operands as the policy does, so that the
+  # clip (a discrete decision) sees the same values: how XLA computes the
+  # bf16 dot differs across jaxlib releases, and a cotangent at the clip
+  # boundary can land on either side of it.
+  def rounded(w, x):
+    y = jnp.dot(x.astype(BF16), w.astype(BF16), preferred_element_type=F32)
+    return _clip_gradient(y) ** 2
+
+  _assert_tree_close(got, jax.grad(loss(rounded))(w))
   unclipped = jax.grad(lambda w: jnp.sum((X @ w) ** 2))(w)
   assert not np.allclose(got, unclipped, rtol=0.5)  # the rule made a difference
   assert fast.rewrite_count == 2
@@ -444,8 +453,15 @@ def test_inputs_named_in_params_take_the_policy_in_derived_programs():
   assert {g.dtype for g in jax.tree_util.tree_leaves(grads)} == {F16}
 
 
+def _enable_x64():
+  if hasattr(jax, "enable_x64"):  # jax >= 0.8
+    return jax.enable_x64(True)
+  from jax.experimental import enable_x64
+  return enable_x64()
+
+
 def test_f64_programs_are_left_as_they_are_under_x64():
-  with jax.enable_x64(True):
+  with _enable_x64():
     fast = amp.transform(mlp, "p=f32,c=bf16,o=f32")
     params = jax.tree_util.tree_map(lambda a: a.astype(F64), MLP_PARAMS)
     x = X.astype(F64)

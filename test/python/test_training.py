@@ -23,6 +23,7 @@ import optax
 import pytest
 
 import stablehlo_amp as amp
+from stablehlo_amp._src import jax_compat
 
 F16_POLICY = "p=f32,c=f16,o=f32"
 BF16_POLICY = "p=f32,c=bf16,o=f32"
@@ -40,6 +41,16 @@ PARAMS = {"w1": jax.random.normal(_KEYS[2], (8, 16)) / 3,
           "w2": jax.random.normal(_KEYS[3], (16, 8)) / 4,
           "b2": jnp.zeros(8)}
 
+
+
+def _unregister(listener) -> None:
+  """jax.monitoring's unregister (jax >= 0.8) or its older private one."""
+  unregister = getattr(jax.monitoring, "unregister_event_duration_listener",
+                       None)
+  if unregister is None:
+    from jax._src import monitoring
+    unregister = monitoring._unregister_event_duration_listener_by_callback
+  unregister(listener)
 
 def mlp(params, x):
   h = jnp.tanh(x @ params["w1"] + params["b1"])
@@ -488,8 +499,8 @@ def test_train_state_fields():
   state = step.init(PARAMS)
   assert isinstance(state, amp.TrainState)
   assert state._fields == ("params", "opt_state", "loss_scale",
-                           "skipped_steps", "model_state")
-  assert state.model_state is None
+                           "skipped_steps", "model_state", "amax_history")
+  assert state.model_state is None and state.amax_history is None
   assert int(state.skipped_steps) == 0
   assert state.skipped_steps.dtype == jnp.int32
 
@@ -928,7 +939,7 @@ def _count_compiles(fun) -> int:
   try:
     jax.block_until_ready(fun())
   finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
+    _unregister(listener)
   return count[0]
 
 

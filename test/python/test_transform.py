@@ -15,6 +15,7 @@ import pytest
 from jax.extend.mlir import ir
 
 import stablehlo_amp as amp
+from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import pipeline as amp_pipeline
 from mlir_checks import walk
 
@@ -29,6 +30,16 @@ POLICIES = ["p=f32,c=bf16,o=f32", "p=f32,c=bf16,o=bf16", "p=bf16",
             "p=bf16,c=bf16,o=f32", "p=f32,c=f16,o=f32", "p=f16",
             "p=f32,c=f32,o=bf16"]
 
+
+
+def _unregister(listener) -> None:
+  """jax.monitoring's unregister (jax >= 0.8) or its older private one."""
+  unregister = getattr(jax.monitoring, "unregister_event_duration_listener",
+                       None)
+  if unregister is None:
+    from jax._src import monitoring
+    unregister = monitoring._unregister_event_duration_listener_by_callback
+  unregister(listener)
 
 def _tolerance(policy: amp.Policy) -> dict:
   dtypes = {policy.param_dtype, policy.compute_dtype, policy.output_dtype}
@@ -128,7 +139,7 @@ def _count_jax_work():
   try:
     yield counts
   finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
+    _unregister(listener)
 
 
 @contextlib.contextmanager
@@ -858,7 +869,7 @@ def test_verification_failure_raises_from_transform(monkeypatch):
 
 
 def test_verification_failure_raises_from_rewrite(monkeypatch):
-  text = jax.jit(tanh_dot).lower(W, X).as_text(debug_info=True)
+  text = jax_compat.lowered_text(jax.jit(tanh_dot).lower(W, X), True)
   _corrupt_tanh_results(monkeypatch)
   with pytest.raises(amp.VerificationError) as error:
     amp.rewrite(text)

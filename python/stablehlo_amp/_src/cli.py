@@ -141,6 +141,12 @@ def _write_output(path: str, data: str | bytes) -> None:
       sys.stdout.write(data)
     sys.stdout.flush()
     return
+  if os.path.exists(path) and not os.path.isfile(path):
+    # A device or a pipe (/dev/null, a FIFO): renaming over it would replace
+    # it with a regular file.
+    with open(path, "wb") as f:
+      f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+    return
   directory = os.path.dirname(os.path.abspath(path))
   fd, temporary = tempfile.mkstemp(dir=directory, prefix=".amp-opt-")
   try:

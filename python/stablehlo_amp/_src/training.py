@@ -381,7 +381,6 @@ class TrainStep(_LossScaledProgram):
     self._outer = jax.jit(self._traced, donate_argnums=(0,) if donate else ())
 
   def _module_fn(self, with_state: bool) -> Callable:
-    import optax  # only the training step needs it
     loss_fn, has_aux = self.fun, self.has_aux
 
     def module_fn(params, opt_state, model_state, batch, seed):
@@ -401,7 +400,11 @@ class TrainStep(_LossScaledProgram):
       # other leaves (integer counters) pass through unchanged.
       view = _optimizer_view(params)
       updates, opt_state = self.optimizer.update(grads, opt_state, view)
-      updated = optax.apply_updates(view, updates)
+      # optax.apply_updates, without importing optax: p + u in p's dtype.
+      updated = jax.tree_util.tree_map(
+          lambda p, u: None if p is None else
+          jnp.asarray(p + u).astype(jnp.asarray(p).dtype), view, updates,
+          is_leaf=lambda x: x is None)
       new_params = jax.tree_util.tree_map(
           lambda new, old: old if new is None else new, updated, params,
           is_leaf=lambda x: x is None)

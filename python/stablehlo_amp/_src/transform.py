@@ -449,7 +449,7 @@ class Lowered:
     """The rewritten module, pretty StableHLO (the original one if the
     rewrite fell back)."""
     if self._program is None:
-      return self._jax_lowered.as_text(debug_info=debug_info)
+      return jax_compat.lowered_text(self._jax_lowered, debug_info)
     return self._program.result.text("pretty", debug_info)
 
   def report(self) -> Report | None:
