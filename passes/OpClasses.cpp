@@ -193,7 +193,7 @@ std::optional<DiscreteDecision> mlir::amp::discreteDecision(Operation *op) {
   };
   if (shlo::is(op, "sort"))
     return decide("sort", shlo::sortKeyOperands(op));
-  if (shlo::isChlo(op, "top_k"))
+  if (shlo::isChlo(op, "top_k") || shlo::compositeName(op) == "chlo.top_k")
     return decide("top_k", {0});
   if (llvm::is_contained(kTopKCalls, shlo::customCallTarget(op)))
     return decide(shlo::customCallTarget(op), floatOperands(op));

@@ -148,6 +148,8 @@ void PrecisionAnalysis::collect(ModuleOp module) {
       return WalkResult::advance();
     if (auto call = dyn_cast<func::CallOp>(op))
       callSites[call.getCalleeAttr().getAttr()].push_back(op);
+    else if (FlatSymbolRefAttr callee = shlo::compositeDecomposition(op))
+      callSites[callee.getAttr()].push_back(op);
     decisions[op] = decideClass(op);
     order.push_back(op);
     return shlo::hasApplierRegions(op) ? WalkResult::skip()
@@ -265,9 +267,14 @@ llvm::SmallVector<Value> PrecisionAnalysis::flowsOutOf(Operation *op,
     if (terminator && index < terminator->getNumOperands())
       sources.push_back(terminator->getOperand(index));
   };
-  if (auto call = dyn_cast<func::CallOp>(op)) {
-    auto callee = SymbolTable::lookupNearestSymbolFrom<func::FuncOp>(
-        op, call.getCalleeAttr());
+  FlatSymbolRefAttr calleeName;
+  if (auto call = dyn_cast<func::CallOp>(op))
+    calleeName = call.getCalleeAttr();
+  else
+    calleeName = shlo::compositeDecomposition(op);
+  if (calleeName) {
+    auto callee =
+        SymbolTable::lookupNearestSymbolFrom<func::FuncOp>(op, calleeName);
     if (callee && !callee.isExternal())
       returned(callee.getBody());
   } else if (shlo::is(op, "while")) {
@@ -583,8 +590,10 @@ bool PrecisionAnalysis::mayStoreLow(
   bool arithmetic = d.cls == OpClass::Allow || d.cls == OpClass::Infer ||
                     (d.cls == OpClass::Deny && !shlo::hasApplierRegions(producer));
   bool computesFull = !d.low || d.cls == OpClass::Allow;
+  // Ops kept in f32 on purpose (keep-f32, calibration, a decision, linear
+  // algebra) keep f32 storage too.
   if (!arithmetic || !computesFull || newType(value) != value.getType() ||
-      exact.contains(value) || d.reason == Reason::KeepF32)
+      exact.contains(value) || d.forcedHigh)
     return false;
   // Read only by decided arithmetic in the same block: never by a result, a
   // custom call, a loop, a call or a region that captures it.
@@ -596,9 +605,7 @@ bool PrecisionAnalysis::mayStoreLow(
       return false;
     const OpDecision &u = decision(user);
     if (u.cls == OpClass::Fixed || u.cls == OpClass::Convert ||
-        shlo::isRegionReturn(user) || u.reason == Reason::KeepF32 ||
-        u.reason == Reason::DiscreteDecision ||
-        u.reason == Reason::LinearAlgebra)
+        shlo::isRegionReturn(user) || u.forcedHigh)
       return false;
     anyFullUser |= wantedType(use) == value.getType();
     lastUse = std::max(lastUse, gemmsBefore.lookup(user));

@@ -216,6 +216,19 @@ llvm::StringRef shlo::customCallTarget(Operation *op) {
   return target ? target.getValue() : llvm::StringRef();
 }
 
+FlatSymbolRefAttr shlo::compositeDecomposition(Operation *op) {
+  if (!is(op, "composite"))
+    return {};
+  return dyn_cast_or_null<FlatSymbolRefAttr>(getAttr(op, "decomposition"));
+}
+
+llvm::StringRef shlo::compositeName(Operation *op) {
+  if (!is(op, "composite"))
+    return {};
+  auto name = dyn_cast_or_null<StringAttr>(getAttr(op, "name"));
+  return name ? name.getValue() : llvm::StringRef();
+}
+
 llvm::StringRef shlo::comparisonDirection(Operation *op) {
   if (!is(op, "compare") && !isChlo(op, "broadcast_compare"))
     return {};

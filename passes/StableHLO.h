@@ -72,6 +72,11 @@ bool hasApplierRegions(Operation *op);
 Attribute getAttr(Operation *op, llvm::StringRef name);
 /// The target of a `stablehlo.custom_call`, or empty.
 llvm::StringRef customCallTarget(Operation *op);
+/// The function a `stablehlo.composite` stands for (its `decomposition`),
+/// or null.
+FlatSymbolRefAttr compositeDecomposition(Operation *op);
+/// The name of a `stablehlo.composite` ("chlo.top_k"), or empty.
+llvm::StringRef compositeName(Operation *op);
 /// The comparison direction of a `stablehlo.compare` ("GT"), or empty.
 llvm::StringRef comparisonDirection(Operation *op);
 

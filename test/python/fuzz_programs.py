@@ -4,7 +4,9 @@ A `Spec` is a straight-line list of `Step`s over a pool of live float values
 (all of shape [2, 8, 8]), plus integer and boolean inputs; control-flow steps
 (`lax.scan`, `lax.fori_loop`, `lax.while_loop`, `lax.cond`, `lax.switch`,
 `jax.checkpoint`, nested `jax.jit`) carry bodies that are themselves step
-lists. `build(spec)` turns it into a JAX function and its arguments;
+lists; loop bodies may call a jitted helper (a `func.call` inside the while
+body), and reductions may have a body that calls a private function
+(`lax.reduce`/`lax.reduce_window` with a jitted combiner). `build(spec)` turns it into a JAX function and its arguments;
 `programs()` is the hypothesis strategy.
 
 Numerics are kept sane by construction, so that a low-precision program can
@@ -393,6 +395,36 @@ def _window_nonsmooth(ctx, step, v):
   return lax.reduce_window(v, jnp.inf, lax.min, (1, 2, 2), (1, 1, 1), "SAME")
 
 
+# Reduction bodies that call a private function: lax.reduce and
+# lax.reduce_window take any JAX function as the body, and a jitted one
+# stays a `func.call` inside the body (nested: a call of a call).
+_add_call = jax.jit(lambda a, b: a + b)
+_max_call = jax.jit(jnp.maximum)
+_logaddexp_call = jax.jit(lambda a, b: _add_call(jnp.maximum(a, b), jnp.log1p(
+    jnp.exp(-jnp.abs(a - b)))))
+
+
+def _reduce_call(ctx, step, v):
+  form = step.variant % 5
+  zero = jnp.zeros((), v.dtype)
+  low = jnp.array(-jnp.inf, v.dtype)
+  if form == 0:   # a sum whose body calls an add: a mean
+    r = lax.reduce(v, zero, _add_call, (2,)) / D
+    return v * 0.5 + r[:, :, None] * 0.5
+  if form == 1:   # a max whose body calls maximum
+    return jnp.broadcast_to(lax.reduce(v, low, _max_call, (1,))[:, None, :],
+                            v.shape)
+  if form == 2:   # logsumexp whose body calls a function that calls another
+    r = lax.reduce(v, low, _logaddexp_call, (2,))
+    return soft(r[:, :, None] - v)
+  if form == 3:   # a sum pool whose window body calls an add
+    total = lax.reduce_window(v, zero, _add_call, (1, 3, 1), (1, 1, 1),
+                              "SAME")
+    return total / 3.0
+  # a max pool whose window body calls maximum
+  return lax.reduce_window(v, low, _max_call, (1, 2, 2), (1, 1, 1), "SAME")
+
+
 # indexing --------------------------------------------------------------------
 
 def _gather(ctx, step, v, w):
@@ -519,17 +551,27 @@ def _scan(ctx, step, v):
   return (last + ys[0]) * 0.5
 
 
+def _loop_body(ctx, step):
+  """The loop's body function: variant 1 calls it as a jitted helper, which
+  stays a `func.call` inside the while body."""
+  def body(c):
+    return _body(ctx, step.body, c)
+  return jax.jit(body) if step.variant % 2 == 1 else body
+
+
 def _fori(ctx, step, v):
-  return lax.fori_loop(0, 2, lambda j, c: _body(ctx, step.body, c), v)
+  body = _loop_body(ctx, step)
+  return lax.fori_loop(0, 2, lambda j, c: body(c), v)
 
 
 def _while(ctx, step, v):
   n = ctx.i[0, 0, 0] % 3 + 1
+  loop_body = _loop_body(ctx, step)
   def cond(carry):
     return carry[0] < n
   def body(carry):
     j, c = carry
-    return j + 1, _body(ctx, step.body, c)
+    return j + 1, loop_body(c)
   return lax.while_loop(cond, body, (jnp.int32(0), v))[1]
 
 
@@ -595,12 +637,12 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("int_ops", _int_ops, variants=9),
     Op("scan_rnn", _scan_rnn, variants=2),
     Op("scan", _scan, bodies=1, iterations=2),
-    Op("fori", _fori, bodies=1, iterations=2),
+    Op("fori", _fori, variants=2, bodies=1, iterations=2),
     Op("cond", _cond, variants=2, bodies=2),
     Op("switch", _switch, bodies=2),
     Op("remat", _remat, bodies=1),
     Op("call", _call, bodies=1),
-    Op("while", _while, bodies=1, iterations=3, smooth=False),
+    Op("while", _while, variants=2, bodies=1, iterations=3, smooth=False),
     Op("nonsmooth", _unary(_NONSMOOTH_UNARY), variants=len(_NONSMOOTH_UNARY),
        smooth=False),
     Op("minmax", _minmax, arity=2, variants=3, smooth=False),
@@ -608,6 +650,8 @@ OPS: dict[str, Op] = {op.name: op for op in (
     Op("window_max", _window_nonsmooth, variants=2, smooth=False),
     Op("scatter_max", _scatter_max, arity=2, variants=2, smooth=False),
     Op("sort", _sort, variants=8, smooth=False),
+    # (JAX has no derivative for a reduction with a general body.)
+    Op("reduce_call", _reduce_call, variants=5, smooth=False),
 )}
 
 

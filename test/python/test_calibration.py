@@ -119,3 +119,27 @@ def test_amp_opt_calibration_errors(tmp_path, capsys):
   assert cli.main([str(module), "--calibrate", str(few)]) == 1
   assert ("main takes 4 arguments, the calibration inputs hold 1 arrays"
           in capsys.readouterr().err)
+
+
+def stored_and_reread(x, w1, w2):
+  """exp(x @ w1) is large and read again after another dot: stored in bf16
+  by default, an error no group of dots controls."""
+  e = jnp.exp(x @ w1 / 8)
+  return (jnp.tanh(x @ w2) @ w1.T) * e[:, :64].sum() + e
+
+
+def test_calibration_can_turn_storage_off_to_reach_f32():
+  keys = jax.random.split(jax.random.key(2), 3)
+  args = (jax.random.normal(keys[0], (64, 128)),
+          jax.random.normal(keys[1], (128, 128)) / 11,
+          jax.random.normal(keys[2], (128, 128)) / 11)
+  fast = amp.transform(stored_and_reread, calibrate=True, tolerance=1e-6,
+                       target="cpu")
+  got = fast(*args)
+  calibration = fast.lower(*args).calibration
+  from stablehlo_amp._src.calibration import STORAGE_GROUP
+  assert STORAGE_GROUP in {e.group for e in calibration.effects}
+  assert STORAGE_GROUP in calibration.kept
+  assert calibration.error <= 1e-6
+  assert _relative_error(got, jax.jit(stored_and_reread)(*args)) <= 1e-6
+  assert fast.lower(*args).report().stored_low == {}

@@ -4,8 +4,9 @@ Random programs come from the grammar in `fuzz_programs.py` (elementwise and
 transcendental ops, dot_general with batch dims, convolutions, sum/max/prod
 reductions, reduce_window, cumsum, softmax/log-softmax, gather/scatter,
 dynamic_slice/update, sort, top_k, scan/while/cond/switch/checkpoint/nested
-jit, concatenate/pad/transpose/reshape, f32/bf16/f16/int32/bool inputs, and
-their gradients). For random policies (c in bf16/f16, p in f32/bf16, o in
+jit, reduce/reduce_window bodies and while bodies that call private
+functions, concatenate/pad/transpose/reshape, f32/bf16/f16/int32/bool
+inputs, and their gradients). For random policies (c in bf16/f16, p in f32/bf16, o in
 f32/bf16) and levels O0-O3:
 
 - structure (`amp.rewrite_module` on `jax.jit(f).lower(...).as_text()` or
@@ -25,6 +26,10 @@ f32/bf16) and levels O0-O3:
   indices of every float sort, top_k and argmax are exactly those of its own
   keys (sort and top_k are kept exact; where the keys come out rounded to
   bf16, the indices must still order them).
+
+Fixed programs with calls inside reduction and while bodies run every
+invariant on each run (and their f64 versions must come out unchanged);
+two findings of a code review of the old pass are pinned at the end.
 
 Hypothesis runs with a fixed seed per test, so CI sees the same examples
 every time; `AMP_FUZZ_EXAMPLES=N` runs N examples per test instead
@@ -463,7 +468,7 @@ def test_grammar_covers_the_issue_ops():
             "stablehlo.tanh", "stablehlo.convert",
             "stablehlo.select", "stablehlo.compare", "stablehlo.iota",
             "chlo.top_k", "stablehlo.optimization_barrier", "func.call")
-  seen = set()
+  seen, call_parents = set(), set()
   for name, op in fp.OPS.items():
     body = (Step("unary", (0,), 2),) if op.bodies else ()
     for variant in range(op.variants):
@@ -472,7 +477,12 @@ def test_grammar_covers_the_issue_ops():
         text = lower_text(fp.build(spec))
         seen |= set(re.findall(r"\b((?:stablehlo|chlo)\.[a-z_]+)", text))
         seen |= {"func.call"} if re.search(r"\bcall @", text) else set()
+        call_parents |= set(calls_by_parent(text))
   missing = [w for w in wanted if w not in seen]
+  assert not missing, missing
+  # Calls inside reduction bodies and while bodies.
+  missing = {"stablehlo.reduce", "stablehlo.reduce_window",
+             "stablehlo.while"} - call_parents
   assert not missing, missing
 
 
@@ -614,3 +624,347 @@ def test_regression_no_second_convert_in_a_branch(fn, policy, level):
   x's bf16 copy before the case for tanh, and the user's x.astype(bf16) in
   the other branch)."""
   check_converts(_lower(fn, _X, True), policy, levels=(level,))
+
+
+# -- calls inside reduction bodies and loop bodies --------------------------------
+#
+# The grammar draws them (`reduce_call`, and `while`/`fori` variant 1); these
+# fixed programs make sure every invariant sees each form on every run,
+# whatever hypothesis draws.
+
+def calls_by_parent(text: str) -> collections.Counter:
+  """How many `func.call`s sit directly in the body of each kind of op."""
+  context = jax_mlir.make_ir_context()
+  with context:
+    module = ir.Module.parse(text, context)
+    return collections.Counter(
+        op.parent.name for op in walk(module.operation)
+        if op.name == "func.call")
+
+
+_DOT = Step("dot", (0, 1), 0)
+_CALL_IN_BODY_SPECS = [
+    pytest.param(Spec((_DOT, Step("reduce_call", (0,), v),
+                       Step("int_ops", (), v)), seed=v),
+                 ("stablehlo.reduce_window" if v >= 3 else "stablehlo.reduce"),
+                 id=f"reduce_call-{v}")
+    for v in range(5)
+] + [
+    pytest.param(Spec((Step("while", (0,), 1, body=(
+        _DOT, Step("unary", (0,), 2))),), seed=5), "stablehlo.while",
+                 id="while-call"),
+    pytest.param(Spec((Step("fori", (1,), 1, body=(
+        Step("dot", (0, 1), 5), Step("reduce", (0,), 8))),), y_dtype="bf16",
+                      seed=6), "stablehlo.while", id="fori-call"),
+    pytest.param(Spec((_DOT, Step("while", (0,), 1, body=(
+        Step("reduce_call", (0,), 2), Step("dot", (0, 1), 1))),),
+                      outputs=(1,), seed=7), "stablehlo.while",
+                 id="while-call-with-reduce-call"),
+]
+
+
+@pytest.mark.parametrize("spec, parent", _CALL_IN_BODY_SPECS)
+@pytest.mark.parametrize("policy", ["p=f32,c=bf16,o=f32",
+                                    "p=bf16,c=f16,o=bf16"])
+def test_calls_inside_bodies(spec, parent, policy):
+  """Every invariant on programs whose reduction or while bodies call a
+  private function: the call is really in the body (jit and export), the
+  rewrite verifies, O0 is the identity, a rewrite is idempotent, does not
+  depend on the report, converts no value twice and follows the policy in
+  main's signature; the numerics match f32 and integer outputs are exact at
+  every level."""
+  built = fp.build(spec)
+  for source in ("jit", "export"):
+    text = lower_text(built, source)
+    assert calls_by_parent(text)[parent] >= 1, (
+        f"{source}: no func.call inside a {parent} body")
+    check_verifies(text, policy)
+    check_o0_identity(text, policy)
+    check_idempotent(text, policy)
+    check_report_neutral(text, policy)
+    check_converts(text, policy)
+    check_signature(text, policy)
+  for level in LEVELS:
+    check_numerics(built, policy, level)
+
+
+@pytest.mark.parametrize("spec, parent", _CALL_IN_BODY_SPECS)
+def test_f64_calls_inside_bodies_unchanged(spec, parent):
+  """An f64 program (no f32 value: the policy does not apply) whose
+  reduction or while bodies call private functions comes out of every level
+  exactly as it went in, and valid (was: the C++ verified it without the
+  StableHLO dialect registered and rejected reduce_window bodies with
+  calls)."""
+  built = fp.build(spec)
+  with jax.enable_x64(True):
+    args = tuple(jnp.asarray(a, jnp.float64)
+                 if jnp.issubdtype(a.dtype, jnp.floating) else a
+                 for a in built.args)
+    text = jax.jit(built.fn).lower(*args).as_text()
+  assert calls_by_parent(text)[parent] >= 1
+  assert re.search(r"tensor<[0-9x]*f32>", text) is None, "an f32 value left"
+  original = reprint(text)
+  for level in LEVELS:
+    for policy in ("p=f32,c=bf16,o=f32", "p=f32,c=f16,o=f32"):
+      out = amp.rewrite_module(text, policy, level=level, target="cpu")
+      assert out.text() == original, (
+          f"{level} {policy} changed an f64 module:\n" +
+          _changed_lines(original, out.text()))
+
+
+# -- two findings of a code review of the old InsertConverts.cpp (565cd52) ------
+#
+# (a) markDenyDownstream took `Operation *owner = user;` for each user of a
+#     deny value and skipped users without a node, so a use inside a
+#     reduction body (a captured value) never deny-marked the reduction.
+# (b) lowering a reduction body, a constant that reencodeConstantInPlace
+#     could not re-encode (not dense float elements: a resource blob) was
+#     retyped to the compute dtype anyway, its value still f32.
+#
+# Neither is reachable from valid StableHLO: a reduction is paintable (clear,
+# or a sum/product lowered at O3) only when its body is exactly
+# `combiner(%arg0, %arg1); return` (or `return %arg1` for a scatter), so its
+# body captures nothing and holds no constant; any other body makes the
+# reduction fixed (untouched), and so do sort, select_and_scatter and map.
+# Both are reachable through the pass plugin in stock mlir-opt, which takes
+# generic-form StableHLO unverified: a combiner that carries a region. The
+# plugin tests below fail on the old code and pass on the new; the
+# jaxlib-verified ones pin what valid modules with captured values and
+# resource constants get (the same before and after).
+
+def _plugin_and_mlir_opt() -> tuple[str, str]:
+  import pathlib
+  import shutil
+  plugin = os.environ.get("AMP_PASS_PLUGIN") or str(
+      pathlib.Path(amp.__file__).parent / "AmpPassPlugin.so")
+  mlir_opt = shutil.which("mlir-opt-22") or shutil.which("mlir-opt")
+  if not mlir_opt or not os.path.exists(plugin):
+    pytest.skip("needs mlir-opt and the pass plugin")
+  return mlir_opt, plugin
+
+
+def _mlir_opt(text: str, options: str) -> str:
+  import subprocess
+  mlir_opt, plugin = _plugin_and_mlir_opt()
+  pipeline = f"builtin.module(amp-insert-converts{{{options}}})"
+  done = subprocess.run([mlir_opt, "-", f"--load-pass-plugin={plugin}",
+                         "--allow-unregistered-dialect",
+                         f"--pass-pipeline={pipeline}"], input=text,
+                        capture_output=True, text=True, check=False)
+  assert done.returncode == 0, done.stderr
+  return done.stdout
+
+
+def _region_of(text: str, opening: str) -> str:
+  """The text of the op whose first line contains `opening`, up to the
+  close of its regions."""
+  lines = text.splitlines()
+  start = next(i for i, line in enumerate(lines) if opening in line)
+  depth, out = 0, []
+  for line in lines[start:]:
+    out.append(line)
+    depth += line.count("({") - line.count("})")
+    if depth == 0:
+      break
+  return "\n".join(out)
+
+
+_CAPTURED_DENY_GENERIC = """
+"builtin.module"() ({
+  "func.func"() <{function_type = (tensor<8x8xf32>, tensor<8x8xf32>, tensor<f32>) -> tensor<8x8xf32>, sym_name = "main", sym_visibility = "public"}> ({
+  ^bb0(%x: tensor<8x8xf32>, %w: tensor<8x8xf32>, %s: tensor<f32>):
+    %e = "stablehlo.exponential"(%s) : (tensor<f32>) -> tensor<f32>
+    %z = "stablehlo.constant"() <{value = dense<0.000000e+00> : tensor<f32>}> : () -> tensor<f32>
+    %d = "stablehlo.dot_general"(%x, %w) <{dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>}> : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+    %r = "stablehlo.reduce"(%d, %z) <{dimensions = array<i64: 1>}> ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %m = "stablehlo.maximum"(%a, %b) ({
+        "stablehlo.return"(%e) : (tensor<f32>) -> ()
+      }) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+      "stablehlo.return"(%m) : (tensor<f32>) -> ()
+    }) : (tensor<8x8xf32>, tensor<f32>) -> tensor<8xf32>
+    %rb = "stablehlo.broadcast_in_dim"(%r) <{broadcast_dimensions = array<i64: 0>}> : (tensor<8xf32>) -> tensor<8x8xf32>
+    %t = "stablehlo.tanh"(%rb) : (tensor<8x8xf32>) -> tensor<8x8xf32>
+    %d2 = "stablehlo.dot_general"(%t, %w) <{dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>}> : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+    "func.return"(%d2) : (tensor<8x8xf32>) -> ()
+  }) : () -> ()
+}) : () -> ()
+"""
+
+
+def test_review_a_deny_reaches_a_reduction_through_a_captured_use():
+  """(a), reachable through the plugin: the max reduction sits between two
+  dots (so it would be painted low) and reads the deny value exp(s) inside
+  its body. The use maps to the reduction, which is deny-marked: it, its
+  body and the tanh after it stay f32 and exp(s) is not rounded. (The old
+  code painted the reduction, its body and the tanh bf16 and rounded
+  exp(s) to bf16 inside the body.)"""
+  out = _mlir_opt(_CAPTURED_DENY_GENERIC,
+                  "policy=p=f32,c=bf16,o=f32 target=gpu level=O2")
+  reduce = _region_of(out, '"stablehlo.reduce"')
+  assert "bf16" not in reduce, reduce
+  exp = re.search(r'(%\d+) = "stablehlo.exponential"', out)[1]
+  assert f'"stablehlo.return"({exp}) : (tensor<f32>)' in reduce
+  assert not re.search(rf'"stablehlo.convert"\({exp}\)', out)
+  assert re.search(r'"stablehlo.tanh"\(%\d+\) : \(tensor<8x8xf32>\) -> '
+                   r'tensor<8x8xf32>', out)
+  # The dots are still lowered (the pass did run).
+  assert len(re.findall(r'"stablehlo.dot_general"\(%\d+, %\d+\) <\{.*\}> : '
+                        r'\(tensor<8x8xbf16>, tensor<8x8xbf16>\)', out)) == 2
+
+
+def test_review_a_captured_uses_of_fixed_reductions_stay_f32():
+  """(a) on valid StableHLO: a body that captures values (here a clamp by
+  -s and by the max of exp(x @ w)) makes the reduction fixed, so deny
+  marking never needed to reach it; the captured values are read in f32,
+  unrounded, at every level, though -s also feeds a lowered dot (were the
+  use inside the body not counted, -s would be painted low with that dot
+  and converted back for the body)."""
+  text = """
+func.func public @main(%x: tensor<8x8xf32>, %w: tensor<8x8xf32>, %s: tensor<f32>) -> (tensor<8x8xf32>, tensor<8xf32>, tensor<8x8xf32>) {
+  %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+  %e = stablehlo.exponential %d : tensor<8x8xf32>
+  %z = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+  %m = stablehlo.negate %s : tensor<f32>
+  %b = stablehlo.broadcast_in_dim %m, dims = [] : (tensor<f32>) -> tensor<8x8xf32>
+  %d2 = stablehlo.dot_general %b, %w, contracting_dims = [1] x [0] : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+  %em = stablehlo.reduce(%e init: %z) applies stablehlo.maximum across dimensions = [0, 1] : (tensor<8x8xf32>, tensor<f32>) -> tensor<f32>
+  %r = stablehlo.reduce(%x init: %z) across dimensions = [1] : (tensor<8x8xf32>, tensor<f32>) -> tensor<8xf32>
+   reducer(%a: tensor<f32>, %c: tensor<f32>) {
+    %t = stablehlo.add %a, %c : tensor<f32>
+    %u = stablehlo.maximum %t, %m : tensor<f32>
+    %v = stablehlo.minimum %u, %em : tensor<f32>
+    stablehlo.return %v : tensor<f32>
+  }
+  return %e, %r, %d2 : tensor<8x8xf32>, tensor<8xf32>, tensor<8x8xf32>
+}
+"""
+  for level in LEVELS[1:]:
+    result = amp.rewrite_module(text, "p=f32,c=bf16,o=f32", level=level,
+                                target="cpu")     # verifies
+    body_reduce = [op for op in walk(result.module.operation)
+                   if op.name == "stablehlo.reduce" and
+                   any(inner.name == "stablehlo.minimum"
+                       for inner in walk(op))]
+    assert len(body_reduce) == 1
+    for inner in walk(body_reduce[0]):
+      assert all(str(v.type) == "tensor<f32>" for v in inner.operands), (
+          level, str(inner))
+      if inner.name in ("stablehlo.maximum", "stablehlo.minimum"):
+        # The captured value itself, not a convert of a rounded copy.
+        captured = inner.operands[1].owner
+        assert captured.name in ("stablehlo.negate", "stablehlo.reduce"), (
+            level, captured.name)
+    assert result.report.lowered["stablehlo.dot_general"] == 2, level
+
+
+_RESOURCE_IN_BODY_GENERIC = """
+"builtin.module"() ({
+  "func.func"() <{function_type = (tensor<8x8xf32>) -> tensor<8xf32>, sym_name = "main", sym_visibility = "public"}> ({
+  ^bb0(%x: tensor<8x8xf32>):
+    %z = "stablehlo.constant"() <{value = dense<0.000000e+00> : tensor<f32>}> : () -> tensor<f32>
+    %r = "stablehlo.reduce"(%x, %z) <{dimensions = array<i64: 1>}> ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %s = "stablehlo.add"(%a, %b) ({
+        %c = "stablehlo.constant"() <{value = dense_resource<blob> : tensor<f32>}> : () -> tensor<f32>
+        %k = "stablehlo.constant"() <{value = dense<2.500000e-01> : tensor<f32>}> : () -> tensor<f32>
+        "stablehlo.return"(%c, %k) : (tensor<f32>, tensor<f32>) -> ()
+      }) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+      "stablehlo.return"(%s) : (tensor<f32>) -> ()
+    }) : (tensor<8x8xf32>, tensor<f32>) -> tensor<8xf32>
+    "func.return"(%r) : (tensor<8xf32>) -> ()
+  }) : () -> ()
+}) : () -> ()
+{-#
+  dialect_resources: {
+    builtin: {
+      blob: "0x040000000000803E"
+    }
+  }
+#-}
+"""
+
+# A constant's value type and result type (pretty and generic forms).
+_CONSTANT = re.compile(r'(?:"stablehlo\.constant"\(\) <\{value = |'
+                       r'stablehlo\.constant )(?:dense|dense_resource)<[^>]*>'
+                       r' : (tensor<[^>]*>)(?:\}> : \(\) -> (tensor<[^>]*>))?')
+
+
+def constant_type_mismatches(text: str) -> list[str]:
+  return [m[0] for m in _CONSTANT.finditer(text)
+          if m[2] is not None and m[1] != m[2]]
+
+
+def test_review_b_constant_that_cannot_be_reencoded_is_converted():
+  """(b), reachable through the plugin: a sum reduction lowered at O3 whose
+  body holds a resource-blob constant (inside a region of its combiner):
+  the constant keeps its f32 type and value and a convert makes its bf16
+  copy; the dense constant next to it is re-encoded. (The old code retyped
+  the blob constant to bf16 with its f32 value.)"""
+  out = _mlir_opt(_RESOURCE_IN_BODY_GENERIC,
+                  "policy=p=f32,c=bf16,o=f32 target=gpu level=O3")
+  assert constant_type_mismatches(out) == []
+  blob = re.search(r'(%\d+) = "stablehlo.constant"\(\) <\{value = '
+                   r'dense_resource<blob> : tensor<f32>\}> : \(\) -> '
+                   r'tensor<f32>', out)
+  assert blob, out
+  assert re.search(rf'"stablehlo.convert"\({blob[1]}\) : \(tensor<f32>\) -> '
+                   r'tensor<bf16>', out)
+  assert re.search(r'"stablehlo.constant"\(\) <\{value = dense<2.500000e-01> '
+                   r': tensor<bf16>\}> : \(\) -> tensor<bf16>', out)
+  # The reduction was lowered (the body path ran).
+  assert _region_of(out, '"stablehlo.reduce"').endswith(
+      "}) : (tensor<8x8xbf16>, tensor<bf16>) -> tensor<8xbf16>"), out
+
+
+def test_constant_type_mismatches_flags_a_retyped_constant():
+  """The checker above flags what the old code produced."""
+  bad = ('%5 = "stablehlo.constant"() <{value = dense_resource<blob> : '
+         'tensor<f32>}> : () -> tensor<bf16>')
+  good = ('%5 = "stablehlo.constant"() <{value = dense<1.0> : '
+          'tensor<bf16>}> : () -> tensor<bf16>')
+  assert constant_type_mismatches(bad) == [bad.split(" = ", 1)[1]]
+  assert constant_type_mismatches(good) == []
+
+
+def test_review_b_resource_constants_feeding_low_ops_are_converted():
+  """(b) on valid StableHLO: resource-blob constants never sit in a lowered
+  body, but they do feed lowered ops: a dot's weights, the init of a sum
+  reduction lowered at O3, an add painted low. At every level the module
+  verifies and each blob constant stays f32, its bf16 copy a convert."""
+  import struct
+  weights = "0x04000000" + "".join(
+      struct.pack("<f", 0.1 * (i % 7) - 0.3).hex() for i in range(64))
+  text = f"""
+func.func public @main(%x: tensor<8x8xf32>) -> (tensor<8x8xf32>, tensor<8xf32>, tensor<8x8xf32>) {{
+  %w = stablehlo.constant dense_resource<weights> : tensor<8x8xf32>
+  %z = stablehlo.constant dense_resource<zero> : tensor<f32>
+  %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
+  %t = stablehlo.tanh %d : tensor<8x8xf32>
+  %s = stablehlo.reduce(%t init: %z) applies stablehlo.add across dimensions = [1] : (tensor<8x8xf32>, tensor<f32>) -> tensor<8xf32>
+  %a = stablehlo.add %w, %t : tensor<8x8xf32>
+  return %d, %s, %a : tensor<8x8xf32>, tensor<8xf32>, tensor<8x8xf32>
+}}
+{{-#
+  dialect_resources: {{
+    builtin: {{
+      weights: "{weights}",
+      zero: "0x0400000000000000"
+    }}
+  }}
+#-}}
+"""
+  for level in LEVELS[1:]:
+    out = amp.rewrite_module(text, "p=f32,c=bf16,o=f32", level=level,
+                             target="cpu").text()      # verifies
+    assert constant_type_mismatches(out) == [], level
+    blobs = re.findall(r"(%\w+) = stablehlo.constant dense_resource<\w+> : "
+                       r"(tensor<[^>]*>)", out)
+    assert len(blobs) == 2 and all("f32" in t for _, t in blobs), (level,
+                                                                   blobs)
+    weights_copy = re.search(rf"stablehlo.convert {blobs[0][0]} : "
+                             r"\(tensor<8x8xf32>\) -> tensor<8x8xbf16>", out)
+    assert weights_copy, (level, out)
+    if level == "O3":   # the sum reduction is lowered: its init converted
+      assert re.search(rf"stablehlo.convert {blobs[1][0]} : \(tensor<f32>\) "
+                       r"-> tensor<bf16>", out), out

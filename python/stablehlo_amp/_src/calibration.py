@@ -46,7 +46,7 @@ class Calibration:
   tolerance: float
   error_f32_free: float          # largest relative error, no group kept
   error: float                   # with `kept` groups in f32
-  kept: tuple[int, ...]
+  kept: tuple[int, ...]          # STORAGE_GROUP: nothing stored low
   effects: tuple[GroupEffect, ...]
   compiles: int                  # programs compiled (the f32 one included)
   seconds: float
@@ -65,7 +65,9 @@ class Calibration:
              f"({self.cost_in_compiles:.1f}x one compile)"]
     for effect in sorted(self.effects, key=lambda e: -e.contribution):
       mark = "kept f32" if effect.group in self.kept else "low"
-      lines.append(f"  group {effect.group} ({mark}): error if kept "
+      name = ("storage" if effect.group == STORAGE_GROUP else
+              f"group {effect.group}")
+      lines.append(f"  {name} ({mark}): error if kept "
                    f"{effect.error_if_kept:.3g}, contribution "
                    f"{effect.contribution:.3g}  {effect.loc}")
     return "\n".join(lines)
@@ -82,6 +84,10 @@ def short_location(loc: str) -> str:
       return f"{function} at {file}:{line}:{column}"
   match = re.match(r'loc\("([^"]+)":(\d+):(\d+)\)', loc)
   return f"{match[1]}:{match[2]}:{match[3]}" if match else loc
+
+
+# The pseudo-group of the storage decision (group ids are >= 0).
+STORAGE_GROUP = -1
 
 
 def load_inputs(path: str) -> list[np.ndarray]:
@@ -158,9 +164,11 @@ def calibrate(module: ir.Module, policy: Policy, options: pl.RewriteOptions,
   per_compile = time.perf_counter() - start
 
   def rewrite(groups: Sequence[int]) -> pl.RewriteResult:
+    # Group -1 stands for the storage decision: kept, nothing is stored low.
     return pl.rewrite_module(module, policy, options.replace(
-        keep_groups=tuple(sorted(groups))), context=context,
-        source_name=source_name)
+        keep_groups=tuple(sorted(g for g in groups if g >= 0)),
+        storage="f32" if STORAGE_GROUP in groups else options.storage),
+        context=context, source_name=source_name)
 
   def error_of(groups: Sequence[int]) -> tuple[pl.RewriteResult, float]:
     result = rewrite(groups)
@@ -172,6 +180,10 @@ def calibrate(module: ir.Module, policy: Policy, options: pl.RewriteOptions,
             if d.group is not None and d.op.endswith(("dot_general",
                                                       "convolution"))
             and d.precision == "low"}
+  if options.storage != "f32" and any(d.stored for d in report.decisions):
+    # Rounding stored results is an error source of its own: a candidate
+    # like the groups, so calibration can reach f32 when it must.
+    groups[STORAGE_GROUP] = "results stored in the compute dtype"
   effects, kept, result, error = [], (), base, base_error
   if base_error > tolerance and groups:
     for group, loc in sorted(groups.items()):

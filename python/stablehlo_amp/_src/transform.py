@@ -178,7 +178,11 @@ class _Spec:
     _, decided = calibration.calibrate(
         marked.module, self.policy, self.options, inputs,
         tolerance=tolerance, context=pl.ir_context(), source_name=self.name)
-    self._options_by_key[key] = self.options.replace(keep_groups=decided.kept)
+    self._options_by_key[key] = self.options.replace(
+        keep_groups=tuple(g for g in decided.kept
+                          if g != calibration.STORAGE_GROUP),
+        storage=("f32" if calibration.STORAGE_GROUP in decided.kept else
+                 self.options.storage))
     self.calibrations[key] = decided
     self._programs.pop(key, None)
     return decided
