@@ -12,7 +12,8 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
     Decides, for the whole module, which operations compute in the policy's
     compute dtype and which stay in f32, then converts values only where they
     cross from one precision to the other, each value at most once per target
-    type.
+    type. A painting analysis (PrecisionAnalysis) decides; this pass applies
+    its decisions.
 
     Operation classes (after TF grappler's auto_mixed_precision and PyTorch
     autocast):
@@ -30,12 +31,50 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
     - everything else (custom calls, unknown ops, sort, rng, integer, boolean
       and complex values) keeps its exact types.
 
+    What feeds a discrete decision or linear algebra is computed in f32 back
+    through its producers (dots, elementwise chains, converts; through
+    private function calls, composites' decompositions, loops and
+    conditionals), up to the program's inputs: rounding error is small, but
+    what depends on it is not. Decisions: sort keys, `chlo.top_k` (also as
+    jax.export's composite) and the ApproxTopK/TopK/PartialReduce custom
+    calls, argmax/argmin (a variadic reduction whose body compares), a
+    compare whose result picks integers, an index, a branch or a loop's end,
+    and a float-to-integer convert. Linear algebra: `cholesky`,
+    `triangular_solve` and the LAPACK, cuSOLVER, hipSOLVER and cuBLAS custom
+    calls jaxlib emits.
+
     f32 arguments of public functions take the param dtype (except those
     marked with the argument attribute `amp.keep_dtype`, which the pass
-    removes) and their f32 results the output dtype. Only f32 values are
-    rewritten: f64, f16 or bf16 values in the input keep their dtype. Control flow (`while`, `if`, `case`, calls)
-    keeps its interface types and is painted inside; reduction bodies follow
-    their operation. Float constants are re-encoded, not converted.
+    removes) and their f32 results the output dtype (a result marked
+    `amp.state_of = N` takes argument N's dtype instead). Only f32 values
+    are rewritten: f64, f16 or bf16 values in the input keep their dtype.
+    Control flow (`while`, `if`, `case`, calls) keeps its interface types and
+    is painted inside; reduction bodies follow their operation. Float
+    constants are re-encoded, not converted.
+
+    *Storage* (`storage=compute`, the default on every target). A value has
+    one dtype, so f32 arithmetic would also mean f32 memory. With storage
+    `compute`, a large f32 result of f32 arithmetic is rounded to the compute
+    dtype right after its producer and read back in f32 by its f32 readers;
+    XLA fuses both converts, and keeps only the rounded buffer when no reader
+    reads the f32 original (measured on XLA:CPU). A value is stored low when
+    it has at least 4096 elements, is made by arithmetic (a dot, a
+    transcendental or elementwise arithmetic; not data movement, which
+    follows its operand), is not a statistic (a reduction's result, or what
+    elementwise arithmetic makes of statistics and constants alone: mean,
+    variance, the softmax max and sum), is read only by painted arithmetic
+    in its own block (not by a result, a custom call, a loop, a call, or an
+    op kept f32 on purpose), does not feed a decision or linear algebra, and
+    either every reader rounds it anyway or it is read again across a matrix
+    multiply (as the backward pass reads saved activations): only then does
+    XLA keep it in memory. On gpu/tpu such a dot result is made in the
+    compute dtype by the GEMM itself (it accumulates in f32 and rounds once).
+    The loss, gradients (read by the gradient marker), optimizer updates (no
+    matrix multiply follows them) and master parameters stay f32.
+
+    Calibration groups: each matrix multiply that may go low opens a group
+    (numbered in program order); `keep-groups` keeps the listed ones in f32.
+    With `report=true` each op carries its decision (`amp.decision`).
 
     On the `cpu` target every lowered `dot_general` is rewritten to the
     NT-canonical form XLA:CPU executes natively (`[B, M, K] x [B, N, K]`), and
@@ -58,6 +97,20 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
       %3 = stablehlo.exponential %2 : tensor<4x8xf32>
       return %3 : tensor<4x8xf32>
     }
+    ```
+    Storage, before (`%e` is large and read again after the second dot):
+    ```mlir
+    %e = stablehlo.exponential %d1 : tensor<64x128xf32>
+    %d2 = stablehlo.dot_general %xb, %w2b, ... -> tensor<64x128xf32>
+    %r = stablehlo.multiply %e, %d2 : tensor<64x128xf32>
+    ```
+    After (`storage=compute`):
+    ```mlir
+    %e = stablehlo.exponential %d1 : tensor<64x128xf32>
+    %s = stablehlo.convert %e : (tensor<64x128xf32>) -> tensor<64x128xbf16>
+    %b = stablehlo.convert %s : (tensor<64x128xbf16>) -> tensor<64x128xf32>
+    %d2 = stablehlo.dot_general %xb, %w2b, ... -> tensor<64x128xf32>
+    %r = stablehlo.multiply %b, %d2 : tensor<64x128xf32>
     ```
   }];
   let options = [

@@ -298,6 +298,28 @@ module @dynamic_update {
   }
 }
 
+// -----
+
+// Gradients wider than f32 (f64 under x64) are unscaled and checked in their
+// own dtype: the f32 reciprocal is widened, the gradient is not narrowed.
+
+// CHECK-LABEL: module @f64_gradient
+// CHECK: %[[INV:.*]] = stablehlo.divide %{{.*}}, %{{.*}} : tensor<f32>
+// CHECK: %[[G:.*]] = stablehlo.multiply %{{.*}}, %{{.*}} : tensor<8xf64>
+// CHECK: %[[INV64:.*]] = stablehlo.convert %[[INV]] : (tensor<f32>) -> tensor<f64>
+// CHECK-NEXT: %[[B:.*]] = stablehlo.broadcast_in_dim %[[INV64]], dims = [] : (tensor<f64>) -> tensor<8xf64>
+// CHECK-NEXT: %[[U:.*]] = stablehlo.multiply %[[G]], %[[B]] : tensor<8xf64>
+// CHECK-NEXT: stablehlo.is_finite %[[U]] : (tensor<8xf64>) -> tensor<8xi1>
+// CHECK-NOT: tensor<8xf32>
+// CHECK: return %[[U]],
+module @f64_gradient {
+  func.func public @main(%w: tensor<8xf64>, %seed: tensor<f64> {amp.loss_seed}) -> (tensor<8xf64> {amp.gradient}) {
+    %b = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f64>) -> tensor<8xf64>
+    %g = stablehlo.multiply %w, %b : tensor<8xf64>
+    return %g : tensor<8xf64>
+  }
+}
+
 //--- indices.mlir
 
 // Nothing marked: seed-arg, gradient-results and state-results name the
