@@ -222,10 +222,12 @@ llvm::json::Object policyJson() {
 llvm::json::Object passesJson() {
   AmpInsertConvertsPassOptions convert;
   AmpLossScalePassOptions scale;
-  llvm::json::Object storageDefaults;
-  for (llvm::StringRef name : targetNames())
-    storageDefaults[name] =
-        storageName(defaultStorage(llvm::cantFail(parseTarget(name))));
+  llvm::json::Object storageDefaults, levelDefaults;
+  for (llvm::StringRef name : targetNames()) {
+    Target target = llvm::cantFail(parseTarget(name));
+    storageDefaults[name] = storageName(defaultStorage(target));
+    levelDefaults[name] = levelName(defaultLevel(target));
+  }
   llvm::json::Object insertConverts{
       {"policy", option(convert.policy)},
       {"level", option(convert.level, levelNames())},
@@ -258,7 +260,8 @@ llvm::json::Object passesJson() {
   return llvm::json::Object{
       {"amp-insert-converts",
        llvm::json::Object{{"options", std::move(insertConverts)},
-                          {"storage_defaults", std::move(storageDefaults)}}},
+                          {"storage_defaults", std::move(storageDefaults)},
+                          {"level_defaults", std::move(levelDefaults)}}},
       {"amp-fp8-gemms", llvm::json::Object{{"options", std::move(fp8Gemms)}}},
       {"amp-loss-scale", llvm::json::Object{{"options", std::move(lossScale)}}},
       {"amp-simplify-converts", llvm::json::Object{{"options",

@@ -312,14 +312,14 @@ llvm::Error InsertConvertsPass::parseOptions() {
     return llvm::createStringError("invalid policy: " +
                                    llvm::toString(policyOr.takeError()));
   parsed.policy = *policyOr;
-  llvm::Expected<Level> levelOr = parseLevel(level);
-  if (!levelOr)
-    return invalid("level", levelOr.takeError());
-  parsed.level = *levelOr;
   llvm::Expected<Target> targetOr = parseTarget(target);
   if (!targetOr)
     return invalid("target", targetOr.takeError());
   parsed.target = *targetOr;
+  llvm::Expected<Level> levelOr = parseLevel(level, parsed.target);
+  if (!levelOr)
+    return invalid("level", levelOr.takeError());
+  parsed.level = *levelOr;
   llvm::Expected<DotResult> dotResultOr = parseDotResult(dotResult);
   if (!dotResultOr)
     return invalid("dot-result", dotResultOr.takeError());

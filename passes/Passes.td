@@ -118,10 +118,9 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
            "::mlir::amp::kDefaultPolicy.str()",
            "Precision policy: p=PARAM,c=COMPUTE,o=OUTPUT[,gemm=GEMM] (jmp "
            "grammar)">,
-    Option<"level", "level", "std::string",
-           "::mlir::amp::levelName(::mlir::amp::kDefaultLevel).str()",
+    Option<"level", "level", "std::string", "\"\"",
            "O0 (no change), O1 (allow ops only), O2 (painting), O3 (all float "
-           "ops)">,
+           "ops); default: the target's (O1 on cpu, O2 on gpu and tpu)">,
     Option<"target", "target", "std::string",
            "::mlir::amp::targetName(::mlir::amp::kDefaultTarget).str()",
            "Backend the module runs on: cpu, gpu or tpu">,

@@ -111,9 +111,13 @@ llvm::Expected<Target> parseTarget(llvm::StringRef text);
 llvm::Expected<DotResult> parseDotResult(llvm::StringRef text);
 /// An empty `text` means the target's default (defaultStorage).
 llvm::Expected<Storage> parseStorage(llvm::StringRef text, Target target);
+/// An empty `text` means the target's default (defaultLevel).
+llvm::Expected<Level> parseLevel(llvm::StringRef text, Target target);
 
 /// The storage used when none is asked for. Measured: see Passes.td.
 Storage defaultStorage(Target target);
+/// The level used when none is asked for. Measured: see Passes.td.
+Level defaultLevel(Target target);
 
 } // namespace mlir::amp
 

@@ -620,6 +620,18 @@ bool PrecisionAnalysis::mayStoreLow(
   return lastUse - madeAfter >= 1;
 }
 
+/// Elementwise arithmetic without transcendentals, and data movement.
+bool PrecisionAnalysis::isCheapToRebuild(Operation *op) const {
+  const OpDecision &d = decision(op);
+  if (d.cls == OpClass::Clear)
+    return !shlo::hasApplierRegions(op);
+  if (d.cls != OpClass::Infer)
+    return false;
+  return shlo::is(op, "add") || shlo::is(op, "subtract") ||
+         shlo::is(op, "multiply") || shlo::is(op, "divide") ||
+         shlo::isChlo(op, "square");
+}
+
 void PrecisionAnalysis::decideStorage(ModuleOp module) {
   // Statistics: reduction results and what elementwise arithmetic makes of
   // them and of constants alone (mean, variance, rsqrt(var + eps), the
@@ -656,9 +668,27 @@ void PrecisionAnalysis::decideStorage(ModuleOp module) {
         ++gemms;
     }
   });
+  // Rebuildable: what a cheap elementwise or data-movement op makes of
+  // arguments, constants, statistics, stored values and other rebuildable
+  // values (layer norm's x - mean and its normalised x, softmax's e / sum).
+  // XLA recomputes such a value in its readers' fusions instead of keeping
+  // it; rounding it would only add a rounded copy.
+  llvm::DenseSet<Value> rebuildable;
+  auto cheapSource = [&](Value value) {
+    return isa<BlockArgument>(value) || constants.contains(value) ||
+           statistics.contains(value) || stored.contains(value) ||
+           rebuildable.contains(value);
+  };
   for (Operation *op : order) {
+    if (isCheapToRebuild(op) &&
+        llvm::all_of(op->getOperands(), [&](Value operand) {
+          return !shlo::getFloatElementType(operand.getType()) ||
+                 cheapSource(operand);
+        }))
+      rebuildable.insert(op->result_begin(), op->result_end());
     for (Value result : op->getResults()) {
-      if (!isFull(result) || !mayStoreLow(result, statistics, gemmsBefore))
+      if (!isFull(result) || rebuildable.contains(result) ||
+          !mayStoreLow(result, statistics, gemmsBefore))
         continue;
       // A GPU or TPU GEMM accumulates in f32 and rounds once as it writes:
       // its result is made in the compute dtype. XLA:CPU has no such kernel,

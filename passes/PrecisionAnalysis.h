@@ -117,6 +117,7 @@ private:
   void explainFullPrecision();
   // Storage.
   void decideStorage(ModuleOp module);
+  bool isCheapToRebuild(Operation *op) const;
   bool mayStoreLow(Value value, const llvm::DenseSet<Value> &statistics,
                    const llvm::DenseMap<Operation *, int64_t> &gemmsBefore)
       const;

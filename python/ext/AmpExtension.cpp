@@ -156,7 +156,10 @@ std::map<std::string, std::string> parsePolicy(const std::string &text) {
 std::string canonicalChoice(const std::string &option, const std::string &value,
                             const std::string &target) {
   if (option == "level")
-    return amp::levelName(valueOrRaise(amp::parseLevel(value))).str();
+    return amp::levelName(
+               valueOrRaise(amp::parseLevel(
+                   value, valueOrRaise(amp::parseTarget(target)))))
+        .str();
   if (option == "target")
     return amp::targetName(valueOrRaise(amp::parseTarget(value))).str();
   if (option == "dot-result")

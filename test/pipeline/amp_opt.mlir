@@ -4,7 +4,10 @@
 // other option has its own RUN line and prefix.
 //
 // RUN: amp-opt %s --split-input-file --target gpu --policy p=f32,c=bf16,o=f32 | FileCheck %s
-// RUN: amp-opt %s --split-input-file --target cpu --policy p=f32,c=bf16,o=f32 | FileCheck %s --check-prefix=CPU
+// RUN: amp-opt %s --split-input-file --target cpu --level O2 --policy p=f32,c=bf16,o=f32 | FileCheck %s --check-prefix=CPU
+// The cpu target's default level is O1 (XLA:CPU computes low-precision
+// elementwise arithmetic in f32 anyway): dots only.
+// RUN: amp-opt %s --split-input-file --target cpu --policy p=f32,c=bf16,o=f32 | FileCheck %s --check-prefix=CPU-O1
 // RUN: amp-opt %s --split-input-file --target gpu --level O1 | FileCheck %s --check-prefix=O1
 // RUN: amp-opt %s --split-input-file --target gpu --level O3 | FileCheck %s --check-prefix=O3
 // RUN: amp-opt %s --split-input-file --target gpu --dot-result compute | FileCheck %s --check-prefix=DOTC
@@ -149,6 +152,12 @@ func.func public @matmul(%arg0: tensor<8x8xf32>, %arg1: tensor<4x8xf32>) -> tens
 // F16: stablehlo.constant dense<0.000000e+00> : tensor<f16>
 // F16: %[[R:.*]] = stablehlo.maximum %{{.*}}, %{{.*}} : tensor<4x16xf16>
 // F16: stablehlo.dot_general %[[R]], %{{.*}} : (tensor<4x16xf16>, tensor<16x8xf16>) -> tensor<4x8xf32>
+// CPU-O1-LABEL: func.func public @mlp(
+// CPU-O1: stablehlo.dot_general {{.*}} : (tensor<1x4x8xbf16>, tensor<1x16x8xbf16>) -> tensor<1x4x16xf32>
+// CPU-O1: %[[A:.*]] = stablehlo.add %{{.*}}, %{{.*}} : tensor<4x16xf32>
+// CPU-O1: %[[R:.*]] = stablehlo.maximum %[[A]], %{{.*}} : tensor<4x16xf32>
+// CPU-O1: stablehlo.convert %[[R]] : (tensor<4x16xf32>) -> tensor<4x16xbf16>
+// CPU-O1: batching_dims = [0] x [0], contracting_dims = [2] x [2]{{.*}} : (tensor<1x4x16xbf16>, tensor<1x8x16xbf16>) -> tensor<1x4x8xf32>
 func.func public @mlp(%arg0: tensor<8x16xf32>, %arg1: tensor<16xf32>, %arg2: tensor<16x8xf32>, %arg3: tensor<4x8xf32>) -> tensor<4x8xf32> {
   %0 = stablehlo.dot_general %arg3, %arg0, contracting_dims = [1] x [0], precision = [DEFAULT, DEFAULT] : (tensor<4x8xf32>, tensor<8x16xf32>) -> tensor<4x16xf32>
   %1 = stablehlo.broadcast_in_dim %arg1, dims = [1] : (tensor<16xf32>) -> tensor<1x16xf32>

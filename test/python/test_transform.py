@@ -590,11 +590,12 @@ def _two_layers(w, x):
 
 
 def test_keep_f32_reaches_the_pass():
-  default = amp.transform(_two_layers).lower(W, X)
+  # Painting (O2) lowers the tanh between the dots; keep_f32 keeps it.
+  default = amp.transform(_two_layers, level="O2").lower(W, X)
   assert default.report().lowered["stablehlo.tanh"] == 1
   assert _op_result_types(default.as_text(), "stablehlo.tanh") == ["bf16"]
   for name in ("tanh", "stablehlo.tanh"):
-    low = amp.transform(_two_layers, keep_f32=[name]).lower(W, X)
+    low = amp.transform(_two_layers, keep_f32=[name], level="O2").lower(W, X)
     report = low.report()
     assert "stablehlo.tanh" not in report.lowered
     assert report.kept_f32["stablehlo.tanh"] == 1
@@ -692,8 +693,19 @@ def test_a_string_in_params_is_one_name_and_negative_numbers_count_back():
 # -- the report, the target and compilation ---------------------------------------
 
 
+def test_the_cpu_target_defaults_to_o1_and_gpu_to_o2():
+  """XLA:CPU computes low-precision elementwise arithmetic in f32, so on cpu
+  only the dots are lowered by default; gpu paints."""
+  cpu = amp.transform(mlp, "p=f32,c=bf16,o=f32").lower(PARAMS, X).report()
+  gpu = amp.transform(mlp, "p=f32,c=bf16,o=f32",
+                      target="gpu").lower(PARAMS, X).report()
+  assert (cpu.level, gpu.level) == ("O1", "O2")
+  assert set(cpu.lowered) == {"stablehlo.dot_general"}
+  assert gpu.lowered["stablehlo.tanh"] == 1
+
+
 def test_report_says_what_was_lowered_and_kept():
-  low = amp.transform(mlp, "p=f32,c=bf16,o=f32").lower(PARAMS, X)
+  low = amp.transform(mlp, "p=f32,c=bf16,o=f32", level="O2").lower(PARAMS, X)
   report = low.report()
   assert isinstance(report, amp.Report)
   assert report.policy == "p=f32,c=bf16,o=f32"

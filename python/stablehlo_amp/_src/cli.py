@@ -64,10 +64,12 @@ def _build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--policy",
                       help="precision policy (default: "
                       f"{contract.default(insert, 'policy')})")
+  levels = contract.document()["passes"][insert]["level_defaults"]
   parser.add_argument("--level",
-                      help="O0 no change, O1 dots/convs only, O2 painting "
-                      f"(default: {contract.default(insert, 'level')}), O3 "
-                      "every float op")
+                      help="O0 no change, O1 dots/convs only, O2 painting, "
+                      "O3 every float op (default: the target's: " +
+                      ", ".join(f"{v} on {k}" for k, v in levels.items()) +
+                      ")")
   parser.add_argument("--target", choices=contract.choices(insert, "target"),
                       help="backend the module will run on (default: the one "
                       "JAX reports here)")

@@ -130,7 +130,7 @@ class RewriteOptions:
     if not isinstance(amax_history, int) or amax_history < 1:
       raise ValueError(f"amax_history must be a positive integer, got "
                        f"{amax_history!r}")
-    return cls(level=choice("level", level), target=target,
+    return cls(level=choice("level", level or "", target), target=target,
                dot_result=choice("dot_result", dot_result),
                storage=choice("storage", storage or "", target),
                keep_f32=keep, force_compute=force, keep_groups=groups,
