@@ -167,8 +167,9 @@ def test_loss_scaling_trains_f16_like_f32_and_without_it_nothing_moves():
                                    batches)
 
   def f16_training(loss_scale):
+    # Painted (O2): the backward pass is f16 throughout, bias gradients too.
     step = amp.train_step(tiny_mse, _underflow_optimizer(), F16_POLICY,
-                          loss_scale=loss_scale)
+                          loss_scale=loss_scale, level="O2")
     state, losses = step.init(PARAMS), []
     for b in batches:
       state, metrics = step(state, b)
@@ -924,6 +925,13 @@ def test_init_copies_what_a_donating_step_consumes():
     np.testing.assert_array_equal(a, b)
   state, _ = step(state, _batch(1))
   assert int(state.model_state["updates"]) == 2
+  # A second state from init runs too: it does not share the first's
+  # (consumed) loss-scale arrays.
+  f16 = amp.train_step(normalized_mse, optax.sgd(0.1), F16_POLICY,
+                       donate=True)
+  f16(f16.init(params, model_state=stats), _batch(0))
+  again, _ = f16(f16.init(params, model_state=stats), _batch(0))
+  assert np.isfinite(float(again.loss_scale.loss_scale))
 
 
 def _count_compiles(fun) -> int:

@@ -294,3 +294,27 @@ def kept_arguments(lowered: Any, count: int) -> tuple[int, ...]:
   if kept is None:
     return tuple(range(count))
   return tuple(sorted(kept))
+
+
+# XLA:CPU puts only dots in its YNNPACK library fusions with this option, so
+# the converts around a value stored in bf16 fuse into its readers and XLA
+# keeps the bf16 buffer (bench/peak.py: LM layer norm 54 -> 32 MiB, softmax
+# 44 -> 20 MiB); the default fuses elementwise readers into YNN fusions that
+# read f32, and XLA then keeps an f32 copy. Experimental in XLA, so probed.
+_CPU_STORAGE_OPTIONS = {
+    "xla_cpu_experimental_ynn_fusion_type":
+        "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+
+
+@functools.cache
+def cpu_storage_compiler_options() -> dict:
+  """The XLA:CPU compiler options for low-precision storage, if this jaxlib
+  knows them and `jax.jit` takes compiler options; else {}."""
+  if "compiler_options" not in inspect.signature(jax.jit).parameters:
+    return {}
+  try:
+    jax.jit(lambda x: x + 1, compiler_options=_CPU_STORAGE_OPTIONS).lower(
+        jax.ShapeDtypeStruct((2,), "float32")).compile()
+  except Exception:  # an XLA without the option rejects it  # noqa: BLE001
+    return {}
+  return dict(_CPU_STORAGE_OPTIONS)

@@ -26,7 +26,8 @@ from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
 from stablehlo_amp._src.loss_scale import LossScale, default_loss_scale
 from stablehlo_amp._src.policy import Policy, as_policy
-from stablehlo_amp._src.transform import Lowered, _is_float, _name
+from stablehlo_amp._src.transform import (Lowered, _is_float, _name,
+                                          _OuterJit)
 
 
 def _leaves(tree: Any) -> list:
@@ -260,7 +261,7 @@ class ValueAndGrad(_LossScaledProgram):
                              user_fun=fun)
 
     self._inner = jax.jit(module_fn)
-    self._outer = jax.jit(self._traced)
+    self._outer = _OuterJit(self._traced, self._options)
 
   def _positions(self, count: int) -> tuple[int, ...]:
     """`argnums` as positions among `count` positional arguments."""
@@ -378,7 +379,8 @@ class TrainStep(_LossScaledProgram):
                                 default_loss_scale(self.policy.compute_dtype))
     self._inner_with_state = jax.jit(self._module_fn(with_state=True))
     self._inner_without_state = jax.jit(self._module_fn(with_state=False))
-    self._outer = jax.jit(self._traced, donate_argnums=(0,) if donate else ())
+    self._outer = _OuterJit(self._traced, self._options,
+                            donate_argnums=(0,) if donate else ())
 
   def _module_fn(self, with_state: bool) -> Callable:
     loss_fn, has_aux = self.fun, self.has_aux
@@ -428,7 +430,9 @@ class TrainStep(_LossScaledProgram):
         if _is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
         else x, params)
     model_state = jax.tree_util.tree_map(copy, model_state)
-    return TrainState(params, opt_state, self._initial_loss_scale,
+    # Each state owns its loss-scale arrays: a donated step consumes them.
+    loss_scale = jax.tree_util.tree_map(copy, self._initial_loss_scale)
+    return TrainState(params, opt_state, loss_scale,
                       jnp.zeros((), jnp.int32), model_state)
 
   def __call__(self, state: TrainState, batch: Any):

@@ -383,6 +383,38 @@ batching.primitive_batchers[amp_call_p] = _batch_rule
 # -- transform ---------------------------------------------------------------------
 
 
+def outer_compiler_options(options: pl.RewriteOptions) -> dict:
+  """Compiler options for the jit that runs rewritten programs: on XLA:CPU
+  with low-precision storage, the fusion choice that keeps stored values in
+  their low-precision dtype (jax_compat.cpu_storage_compiler_options)."""
+  if (options.target != "cpu" or options.storage == "f32" or
+      jax.default_backend() != "cpu"):
+    return {}
+  compiler_options = jax_compat.cpu_storage_compiler_options()
+  return {"compiler_options": compiler_options} if compiler_options else {}
+
+
+class _OuterJit:
+  """The jit that runs a rewritten program: called at the top level it
+  compiles with `outer_compiler_options`; called inside another trace (the
+  user's jit, grad or vmap), where compiler options are not allowed, as a
+  plain nested jit."""
+
+  def __init__(self, fun: Callable, options: pl.RewriteOptions, **jit_options):
+    self._plain = jax.jit(fun, **jit_options)
+    compiler_options = outer_compiler_options(options)
+    self._top = (jax.jit(fun, **jit_options, **compiler_options)
+                 if compiler_options else self._plain)
+
+  def __call__(self, *args, **kwargs):
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    nested = any(isinstance(x, jax.core.Tracer) for x in leaves)
+    return (self._plain if nested else self._top)(*args, **kwargs)
+
+  def lower(self, *args, **kwargs):
+    return self._top.lower(*args, **kwargs)
+
+
 class _Arguments:
   """Which arguments of `fun` a set of numbers and names selects, whether they
   are passed by position or by keyword (as `jax.jit` resolves them).
@@ -515,8 +547,9 @@ class Transformed:
       jit_options["out_shardings"] = out_shardings
     self._in_shardings, self._out_shardings = in_shardings, out_shardings
     self._inner = jax.jit(fun, **jit_options)
-    self._outer = jax.jit(self._traced, donate_argnums=donate.nums,
-                          donate_argnames=donate.names, **jit_options)
+    self._outer = _OuterJit(self._traced, options,
+                            donate_argnums=donate.nums,
+                            donate_argnames=donate.names, **jit_options)
     self._specs: dict[Hashable, tuple[_Spec, list]] = {}
 
   @property
