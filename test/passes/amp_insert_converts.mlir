@@ -58,6 +58,35 @@ func.func public @storage(%x: tensor<64x64xf32>, %w1: tensor<64x128xf32>, %w2: t
 
 // -----
 
+// exp(x) is read across the second dot, and stored; exp(x) * 2, read
+// across it too, is a cheap elementwise result of a stored value and a
+// constant: not stored again, XLA rebuilds it in its readers from the
+// stored copy.
+
+// CHECK-LABEL: func.func public @rebuilt_not_stored(
+// CHECK: %[[E:.*]] = stablehlo.exponential
+// CHECK-NEXT: %[[LOW:.*]] = stablehlo.convert %[[E]] : (tensor<64x128xf32>) -> tensor<64x128xbf16>
+// CHECK-NEXT: %[[BACK:.*]] = stablehlo.convert %[[LOW]] : (tensor<64x128xbf16>) -> tensor<64x128xf32>
+// CHECK: %[[S:.*]] = stablehlo.multiply %[[BACK]], %{{.*}} : tensor<64x128xf32>
+// CHECK-NOT: stablehlo.convert %[[S]]
+// CHECK: stablehlo.multiply %[[S]], %{{.*}} : tensor<64x128xf32>
+
+// REPORT-LABEL: func.func public @rebuilt_not_stored(
+// REPORT: stablehlo.exponential {{.*}}stored}
+// REPORT: stablehlo.multiply {{.*}}amp.decision = {precision = "f32", reason = "consumes_sensitive"}} : tensor<64x128xf32>
+func.func public @rebuilt_not_stored(%x: tensor<64x64xf32>, %w1: tensor<64x128xf32>, %w2: tensor<64x128xf32>) -> tensor<64x128xf32> {
+  %0 = stablehlo.dot_general %x, %w1, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %1 = stablehlo.exponential %0 : tensor<64x128xf32>
+  %two = stablehlo.constant dense<2.0> : tensor<64x128xf32>
+  %2 = stablehlo.multiply %1, %two : tensor<64x128xf32>
+  %3 = stablehlo.dot_general %x, %w2, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %4 = stablehlo.multiply %2, %3 : tensor<64x128xf32>
+  %5 = stablehlo.add %4, %1 : tensor<64x128xf32>
+  return %5 : tensor<64x128xf32>
+}
+
+// -----
+
 // Discrete decisions: what feeds them stays f32 back through its producers,
 // dots included. The router logits of top_k:
 

@@ -704,6 +704,49 @@ def test_the_cpu_target_defaults_to_o1_and_gpu_to_o2():
   assert gpu.lowered["stablehlo.tanh"] == 1
 
 
+def _library_fusion_ops(hlo_text: str) -> set[str]:
+  """The ops inside XLA:CPU's YNNPACK library fusions of a compiled text."""
+  bodies, current = {}, None
+  for line in hlo_text.splitlines():
+    if line.rstrip().endswith("{") and not line.startswith(" "):
+      current = bodies.setdefault(line.split()[0].lstrip("%"), [])
+    elif current is not None:
+      op = re.search(r"= \S+ ([a-z][\w-]*)\(", line)
+      if op:
+        current.append(op.group(1))
+  ops = set()
+  for line in hlo_text.splitlines():
+    if '"__ynn_fusion"' in line:
+      ops.update(bodies[re.search(r"calls=%?([\w.-]+)", line).group(1)])
+  return ops
+
+
+def _softmax_block(w, x):
+  h = jnp.tanh(x @ w)
+  return (jax.nn.softmax(h - h.mean(-1, keepdims=True)) @ w.T).sum()
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu" or
+                    not jax_compat.cpu_storage_compiler_options(),
+                    reason="XLA:CPU without the YNN fusion option")
+def test_on_cpu_library_fusions_hold_only_dots_when_storage_is_low():
+  """XLA:CPU's default fuses elementwise readers into YNNPACK dot fusions,
+  which read f32 and make XLA keep an f32 copy of a value stored in bf16;
+  a top-level call compiles with single-dot library fusions instead."""
+  w, x = jnp.ones((256, 256)), jnp.ones((128, 256))
+  plain = jax.jit(_softmax_block).lower(w, x).compile().as_text()
+  assert _library_fusion_ops(plain) - {"dot", "parameter"}, \
+      "XLA's default no longer fuses elementwise ops into YNN fusions"
+  low = amp.transform(_softmax_block).lower(w, x).compile().as_text()
+  assert _library_fusion_ops(low) == {"dot", "parameter"}
+  f32 = amp.transform(_softmax_block, storage="f32").lower(w, x).compile()
+  assert _library_fusion_ops(f32.as_text()) - {"dot", "parameter"}
+  # Inside the user's jit (no compiler options there) it runs all the same.
+  np.testing.assert_allclose(
+      jax.jit(amp.transform(_softmax_block))(w, x),
+      amp.transform(_softmax_block)(w, x), rtol=1e-6)
+
+
 def test_report_says_what_was_lowered_and_kept():
   low = amp.transform(mlp, "p=f32,c=bf16,o=f32", level="O2").lower(PARAMS, X)
   report = low.report()
