@@ -3,6 +3,7 @@
 #include "OpClasses.h"
 #include "StableHLO.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
@@ -150,6 +151,9 @@ llvm::SmallVector<unsigned> floatOperands(Operation *op) {
 
 Classification mlir::amp::classify(Operation *op) {
   llvm::StringRef name = shlo::shortName(op);
+  if (isa<func::CallOp>(op))
+    return classified(OpClass::Fixed, Reason::Fixed,
+                      "a call: the function is painted inside");
   if (name.empty())
     return classified(OpClass::Fixed, Reason::Fixed, "not a StableHLO op");
   if (hasQuantizedOrOpaqueElements(op))

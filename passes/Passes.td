@@ -15,6 +15,11 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
     type. A painting analysis (PrecisionAnalysis) decides; this pass applies
     its decisions.
 
+    Levels: `O0` changes nothing, `O1` lowers only the allow ops, `O2`
+    paints, `O3` puts every float op in the compute dtype. The default is
+    the target's: `O1` on cpu (XLA:CPU computes bf16/f16 elementwise
+    arithmetic in f32 and would only add converts), `O2` on gpu and tpu.
+
     Operation classes (after TF grappler's auto_mixed_precision and PyTorch
     autocast):
     - *allow*: `dot_general`, `convolution`: compute-dtype operands, f32
@@ -62,7 +67,12 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
     transcendental or elementwise arithmetic; not data movement, which
     follows its operand), is not a statistic (a reduction's result, or what
     elementwise arithmetic makes of statistics and constants alone: mean,
-    variance, the softmax max and sum), is read only by painted arithmetic
+    variance, the softmax max and sum), is not cheap to rebuild (what
+    add, subtract, multiply, divide or data movement makes of arguments,
+    constants, statistics and stored values alone, such as layer norm's
+    `x - mean` and `(x - mean) * rsqrt(var)`: XLA recomputes it in its
+    readers' fusions, and a rounded copy would only add memory), is read
+    only by painted arithmetic
     in its own block (not by a result, a custom call, a loop, a call, or an
     op kept f32 on purpose), does not feed a decision or linear algebra, and
     either every reader rounds it anyway or it is read again across a matrix
