@@ -767,7 +767,7 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
   >>> y.dtype, y.shape
   (dtype('float32'), (4, 8))
   >>> print(fast.lower(jnp.ones((8, 8)), jnp.ones((4, 8))).report())  # doctest: +ELLIPSIS
-  amp-insert-converts: policy p=f32,c=bf16,o=f32, level O2, target cpu
+  amp-insert-converts: policy p=f32,c=bf16,o=f32, level ..., target ...
     lowered to bf16: 1 op (dot_general 1)
   ...
   """
