@@ -637,17 +637,33 @@ void PrecisionAnalysis::decideStorage(ModuleOp module) {
   // them and of constants alone (mean, variance, rsqrt(var + eps), the
   // softmax max and sum).
   llvm::DenseSet<Value> statistics, constants;
+  // Normalised: f32 data centred by a statistic (x - mean) and what
+  // multiplying or dividing by statistics makes of it (x̂), when the data
+  // was made by f32 arithmetic. Batch norm's backward pass cancels across
+  // x̂ (dx = rstd (dy - mean(dy) - x̂ mean(dy x̂))); where nothing upstream
+  // was rounded (a convolution XLA:CPU runs in f32), rounding x̂ raised the
+  // flax ResNet step's error 4.7x. Data from a low-precision op was rounded
+  // already, and may be stored low.
+  llvm::DenseSet<Value> normalised;
   for (Operation *op : order) {
     const OpDecision &d = decision(op);
     bool reduction = shlo::hasApplierRegions(op) &&
                      (d.cls == OpClass::Deny || d.cls == OpClass::Clear);
     bool anyStatistic = false, allStatOrConst = op->getNumOperands() > 0;
+    bool anyNormalised = false, anyUnroundedData = false;
     for (Value operand : op->getOperands()) {
       if (!shlo::getFloatElementType(operand.getType()))
         continue;
       anyStatistic |= statistics.contains(operand);
       allStatOrConst &=
           statistics.contains(operand) || constants.contains(operand);
+      anyNormalised |= normalised.contains(operand);
+      Operation *producer = operand.getDefiningOp();
+      anyUnroundedData |= !statistics.contains(operand) &&
+                          !constants.contains(operand) &&
+                          !normalised.contains(operand) &&
+                          !(producer && decisions.count(producer) &&
+                            decision(producer).low);
     }
     for (Value result : op->getResults()) {
       if (shlo::isConstant(op) ||
@@ -656,6 +672,11 @@ void PrecisionAnalysis::decideStorage(ModuleOp module) {
       else if (reduction || (d.cls != OpClass::Allow && d.cls != OpClass::Fixed &&
                              anyStatistic && allStatOrConst))
         statistics.insert(result);
+      else if (anyStatistic &&
+               ((shlo::is(op, "subtract") && anyUnroundedData) ||
+                ((shlo::is(op, "multiply") || shlo::is(op, "divide")) &&
+                 anyNormalised && !anyUnroundedData)))
+        normalised.insert(result);
     }
   }
   // Position of each op in its block: the matrix multiplies before it.
@@ -688,6 +709,7 @@ void PrecisionAnalysis::decideStorage(ModuleOp module) {
       rebuildable.insert(op->result_begin(), op->result_end());
     for (Value result : op->getResults()) {
       if (!isFull(result) || rebuildable.contains(result) ||
+          normalised.contains(result) ||
           !mayStoreLow(result, statistics, gemmsBefore))
         continue;
       // A GPU or TPU GEMM accumulates in f32 and rounds once as it writes:

@@ -87,6 +87,54 @@ func.func public @rebuilt_not_stored(%x: tensor<64x64xf32>, %w1: tensor<64x128xf
 
 // -----
 
+// Normalised data (x - mean, read again across a matrix multiply) made from
+// f32 arithmetic is not stored low: batch norm's backward pass cancels
+// across it. Centred data from a low-precision dot was rounded already, and
+// is stored.
+
+// CHECK-LABEL: func.func public @normalised_not_stored(
+// CHECK: %[[E:.*]] = stablehlo.exponential
+// CHECK-NOT: stablehlo.convert
+// CHECK: %[[C:.*]] = stablehlo.subtract %[[E]], %{{.*}} : tensor<64x128xf32>
+// CHECK-NOT: stablehlo.convert %[[C]]
+// CHECK: stablehlo.multiply %[[C]], %{{.*}} : tensor<64x128xf32>
+
+// REPORT-LABEL: func.func public @normalised_not_stored(
+// REPORT: stablehlo.subtract {{.*}}reason = "consumes_sensitive"}} : tensor<64x128xf32>
+func.func public @normalised_not_stored(%x: tensor<64x64xf32>, %w1: tensor<64x128xf32>, %w2: tensor<64x128xf32>) -> tensor<64x128xf32> {
+  %0 = stablehlo.dot_general %x, %w1, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %1 = stablehlo.exponential %0 : tensor<64x128xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %sum = stablehlo.reduce(%1 init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>
+  %n = stablehlo.constant dense<128.0> : tensor<64xf32>
+  %mean = stablehlo.divide %sum, %n : tensor<64xf32>
+  %b = stablehlo.broadcast_in_dim %mean, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
+  %c = stablehlo.subtract %1, %b : tensor<64x128xf32>
+  %2 = stablehlo.dot_general %x, %w2, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %3 = stablehlo.multiply %c, %2 : tensor<64x128xf32>
+  return %3 : tensor<64x128xf32>
+}
+
+// CHECK-LABEL: func.func public @rounded_data_centred_stored(
+// CHECK: %[[C:.*]] = stablehlo.subtract %{{.*}}, %{{.*}} : tensor<64x128xf32>
+// CHECK-NEXT: %[[LOW:.*]] = stablehlo.convert %[[C]] : (tensor<64x128xf32>) -> tensor<64x128xbf16>
+// CHECK-NEXT: %[[BACK:.*]] = stablehlo.convert %[[LOW]] : (tensor<64x128xbf16>) -> tensor<64x128xf32>
+// CHECK: stablehlo.multiply %[[BACK]], %{{.*}} : tensor<64x128xf32>
+func.func public @rounded_data_centred_stored(%x: tensor<64x64xf32>, %w1: tensor<64x128xf32>, %w2: tensor<64x128xf32>) -> tensor<64x128xf32> {
+  %0 = stablehlo.dot_general %x, %w1, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %sum = stablehlo.reduce(%0 init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>
+  %n = stablehlo.constant dense<128.0> : tensor<64xf32>
+  %mean = stablehlo.divide %sum, %n : tensor<64xf32>
+  %b = stablehlo.broadcast_in_dim %mean, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
+  %c = stablehlo.subtract %0, %b : tensor<64x128xf32>
+  %2 = stablehlo.dot_general %x, %w2, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %3 = stablehlo.multiply %c, %2 : tensor<64x128xf32>
+  return %3 : tensor<64x128xf32>
+}
+
+// -----
+
 // Discrete decisions: what feeds them stays f32 back through its producers,
 // dots included. The router logits of top_k:
 
