@@ -23,6 +23,7 @@ import optax
 import pytest
 
 import stablehlo_amp as amp
+from jax_events import duration_events
 from stablehlo_amp._src import jax_compat
 
 F16_POLICY = "p=f32,c=f16,o=f32"
@@ -41,16 +42,6 @@ PARAMS = {"w1": jax.random.normal(_KEYS[2], (8, 16)) / 3,
           "w2": jax.random.normal(_KEYS[3], (16, 8)) / 4,
           "b2": jnp.zeros(8)}
 
-
-
-def _unregister(listener) -> None:
-  """jax.monitoring's unregister (jax >= 0.8) or its older private one."""
-  unregister = getattr(jax.monitoring, "unregister_event_duration_listener",
-                       None)
-  if unregister is None:
-    from jax._src import monitoring
-    unregister = monitoring._unregister_event_duration_listener_by_callback
-  unregister(listener)
 
 def mlp(params, x):
   h = jnp.tanh(x @ params["w1"] + params["b1"])
@@ -943,11 +934,8 @@ def _count_compiles(fun) -> int:
     if event.endswith("backend_compile_duration"):
       count[0] += 1
 
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
+  with duration_events(listener):
     jax.block_until_ready(fun())
-  finally:
-    _unregister(listener)
   return count[0]
 
 

@@ -17,6 +17,7 @@ from jax.extend.mlir import ir
 import stablehlo_amp as amp
 from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import pipeline as amp_pipeline
+from jax_events import duration_events
 from mlir_checks import walk
 
 F32, BF16, F16 = np.dtype(jnp.float32), np.dtype(jnp.bfloat16), np.dtype(
@@ -30,16 +31,6 @@ POLICIES = ["p=f32,c=bf16,o=f32", "p=f32,c=bf16,o=bf16", "p=bf16",
             "p=bf16,c=bf16,o=f32", "p=f32,c=f16,o=f32", "p=f16",
             "p=f32,c=f32,o=bf16"]
 
-
-
-def _unregister(listener) -> None:
-  """jax.monitoring's unregister (jax >= 0.8) or its older private one."""
-  unregister = getattr(jax.monitoring, "unregister_event_duration_listener",
-                       None)
-  if unregister is None:
-    from jax._src import monitoring
-    unregister = monitoring._unregister_event_duration_listener_by_callback
-  unregister(listener)
 
 def _tolerance(policy: amp.Policy) -> dict:
   dtypes = {policy.param_dtype, policy.compute_dtype, policy.output_dtype}
@@ -135,11 +126,8 @@ def _count_jax_work():
     elif event.endswith("backend_compile_duration"):
       counts["compile"] += 1
 
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
+  with duration_events(listener):
     yield counts
-  finally:
-    _unregister(listener)
 
 
 @contextlib.contextmanager
