@@ -1,0 +1,46 @@
+"""The README's Python examples run, in order, as a new user would paste
+them (one namespace, each block after the ones before it)."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _python_blocks() -> list[str]:
+  text = README.read_text()
+  blocks = []
+  for match in re.finditer(r"^( *)```python\n(.*?)^\1```$", text,
+                           re.MULTILINE | re.DOTALL):
+    indent = len(match.group(1))
+    blocks.append("\n".join(line[indent:] for line in
+                            match.group(2).splitlines()))
+  return blocks
+
+
+def test_the_readme_has_python_examples():
+  assert len(_python_blocks()) >= 5
+
+
+def test_the_readme_python_examples_run(capsys):
+  pytest.importorskip("optax")
+  pytest.importorskip("flax")
+  namespace: dict = {"__name__": "readme"}
+  for number, block in enumerate(_python_blocks()):
+    try:
+      exec(compile(block, f"README.md python block {number}", "exec"),
+           namespace)
+    except Exception as error:  # name the block that failed
+      raise AssertionError(f"README python block {number} failed:\n"
+                           f"{block}") from error
+  printed = capsys.readouterr().out
+  # What the README says these print (the first on a CPU machine).
+  import jax
+  if jax.default_backend() == "cpu":
+    assert "lowered to bf16: 3 ops (dot_general 3)" in printed
+  assert "FP8 GEMMs:" in printed
+  assert "calibration: tolerance 0.0001" in printed
