@@ -9,6 +9,7 @@ machine that has only JAX (the GPU script's fallback paths).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -80,7 +81,7 @@ _identity_full = lm._unchanged
 
 
 def LMConfig(**overrides) -> lm.Config:
-  """The peers LM: examples/lm.py's model at the issue's sizes."""
+  """The peers LM: examples/lm.py's model at its benchmark sizes (d_model 256, 4 layers, seq 128)."""
   defaults = dict(vocab=512, d_model=256, heads=4, layers=4, seq=128,
                   batch=16, learning_rate=3e-3)
   return lm.Config(**{**defaults, **overrides})
@@ -170,11 +171,24 @@ class Model:
   loss: Callable  # loss(params, batch, full=..., output_cast=...)
   optimizer: optax.GradientTransformation
   train: Iterator
-  held_out: list  # host batches, the same for every variant
+  held_out: list  # host batches, the same for every variant and seed
+  seed: int = 0  # initial parameters and training order
 
 
-def make_lm(config: lm.Config, eval_batches: int = 8) -> Model:
-  tokens = byte_pair_tokens(corpus_bytes(), config.vocab)
+def _train_seed(seed: int) -> int:
+  """The training stream of seed `seed` (held-out data always uses 1)."""
+  return 100 + seed
+
+
+@functools.lru_cache(maxsize=None)
+def _lm_tokens(vocab: int) -> np.ndarray:
+  return byte_pair_tokens(corpus_bytes(), vocab)
+
+
+def make_lm(config: lm.Config, eval_batches: int = 8, seed: int = 0) -> Model:
+  """`seed` picks the initial parameters and the order of the training
+  windows; the held-out windows are the same for every seed."""
+  tokens = _lm_tokens(config.vocab)
   cut = int(len(tokens) * 0.9)
   train, held = tokens[:cut], tokens[cut:]
   held_iter = window_batches(held, config.batch, config.seq, seed=1)
@@ -185,25 +199,30 @@ def make_lm(config: lm.Config, eval_batches: int = 8) -> Model:
                    f"batch {config.batch}, vocab {config.vocab} (byte pairs of "
                    f"stdlib source, {len(tokens):,} tokens), pre-LN, GELU, "
                    f"adam {config.learning_rate}"),
-      params=lm_init(jax.random.key(0), config),
+      params=lm_init(jax.random.key(seed), config),
       loss=lambda p, b, **kw: lm_loss(p, b, config, **kw),
       optimizer=optax.adam(config.learning_rate),
-      train=window_batches(train, config.batch, config.seq, seed=0),
-      held_out=[next(held_iter) for _ in range(eval_batches)])
+      train=window_batches(train, config.batch, config.seq,
+                           seed=_train_seed(seed)),
+      held_out=[next(held_iter) for _ in range(eval_batches)],
+      seed=seed)
 
 
-def make_mlp(config: MLPConfig, eval_batches: int = 8) -> Model:
+def make_mlp(config: MLPConfig, eval_batches: int = 8, seed: int = 0) -> Model:
+  """`seed` picks the initial parameters and the training inputs; the
+  teacher and the held-out inputs are the same for every seed."""
   held_iter = teacher_batches(config, seed=1)
   sizes = "-".join(map(str, config.sizes))
   return Model(
       name="mlp",
       description=(f"MLP {sizes}, ReLU, batch {config.batch}, teacher-labelled "
                    f"Gaussian inputs, adam {config.learning_rate}"),
-      params=mlp_init(jax.random.key(0), config),
+      params=mlp_init(jax.random.key(seed), config),
       loss=lambda p, b, **kw: mlp_loss(p, b, config, **kw),
       optimizer=optax.adam(config.learning_rate),
-      train=teacher_batches(config, seed=0),
-      held_out=[next(held_iter) for _ in range(eval_batches)])
+      train=teacher_batches(config, seed=_train_seed(seed)),
+      held_out=[next(held_iter) for _ in range(eval_batches)],
+      seed=seed)
 
 
 # --------------------------------------------------------------------------
@@ -280,7 +299,8 @@ def hlo_dots(hlo_text: str) -> dict:
   """Every dot in an optimized HLO module (fusion bodies included; cuBLAS
   gemm custom calls count as dots), by operand element types.
 
-  Returns counts (`total`, `low`: both operands bf16/f16, `mixed`, `f32`,
+  Returns counts (`total`, `low`: both operands bf16/f16, `fp8`: both
+  FP8 (cuBLASLt FP8 GEMMs on GPU), `mixed`, `f32`,
   `low_in_custom_fusion`: low dots inside a backend fusion such as
   `__ynn_fusion` or `__triton_gemm`, `low_outside_fusion`: the others; on
   XLA:CPU a bf16 x bf16 -> f32 dot outside a YNN fusion fails at run time)
@@ -326,7 +346,8 @@ def hlo_dots(hlo_text: str) -> dict:
                      "operands": _split_top(operands_text)[:2],
                      "op_name": op_name.group(1) if op_name else ""})
   element = lambda t: t.lstrip("(").split("[")[0]
-  counts = {"total": 0, "low": 0, "mixed": 0, "f32": 0, "other": 0,
+  counts = {"total": 0, "low": 0, "fp8": 0, "mixed": 0, "f32": 0,
+            "other": 0,
             "low_in_custom_fusion": 0, "low_outside_fusion": 0}
   records = []
   for dot in parsed:
@@ -339,7 +360,9 @@ def hlo_dots(hlo_text: str) -> dict:
         operand_types.append(types.get(token, "?"))
     elements = [element(t) for t in operand_types]
     low = [e in ("bf16", "f16") for e in elements]
-    kind = ("low" if low and all(low) else "mixed" if any(low) else
+    fp8 = [e.startswith("f8") for e in elements]
+    kind = ("fp8" if fp8 and all(fp8) else
+            "low" if low and all(low) else "mixed" if any(low) else
             "f32" if elements and all(e == "f32" for e in elements) else
             "other")
     fusion = fusion_kind_of.get(dot["computation"], "")
@@ -359,6 +382,14 @@ def hlo_dots(hlo_text: str) -> dict:
 # Variants and the interleaved step loop.
 
 
+def tree_copy(tree: Any) -> Any:
+  """Fresh buffers for every array leaf: a donated state consumes its
+  arrays, so no two variants (or runs) may share them."""
+  return jax.tree_util.tree_map(
+      lambda x: jnp.array(x, copy=True) if isinstance(x, jax.Array) else x,
+      tree)
+
+
 @dataclasses.dataclass
 class Built:
   """A variant ready to run: its compiled step and what was measured on it."""
@@ -372,6 +403,24 @@ class Built:
   compile_s: float  # trace + lower (+ rewrite) + XLA compile
   notes: dict = dataclasses.field(default_factory=dict)
   batch_cast: Callable = lambda b: b  # host batch -> what the step takes
+  # f32 parameters -> a fresh first state (its own buffers: the step may
+  # donate them); None: only the state it was built with.
+  init: Callable | None = None
+  donated: bool = False
+
+
+# Extra XLA options for every compile the benchmarks do (bench/peak.py sets
+# xla_dump_to here to read XLA's buffer assignment); empty: none.
+COMPILER_OPTIONS: dict = {}
+
+
+def compile_lowered(lowered) -> Any:
+  """`lowered.compile()`, with COMPILER_OPTIONS when there are any.
+  (stablehlo_amp's Lowered wraps JAX's as `_jax_lowered`.)"""
+  if not COMPILER_OPTIONS:
+    return lowered.compile()
+  inner = getattr(lowered, "_jax_lowered", lowered)
+  return inner.compile(compiler_options=dict(COMPILER_OPTIONS))
 
 
 def timed_build(fn: Callable) -> tuple[Any, float]:
@@ -422,55 +471,83 @@ def held_out_loss(model: Model, params: Any, eval_fn) -> float:
                         for b in model.held_out]))
 
 
-def summarize(model: Model, builts: Sequence[Built], run: dict, warmup: int,
+def spread(values: Sequence[float]) -> dict:
+  """Mean, sample standard deviation, min and max (sd None for one value)."""
+  values = [float(v) for v in values]
+  return {"mean": statistics.fmean(values),
+          "sd": statistics.stdev(values) if len(values) > 1 else None,
+          "min": min(values), "max": max(values), "n": len(values),
+          "values": values}
+
+
+def summarize(builts: Sequence[Built], runs: Sequence[dict], warmup: int,
               baseline: str = "f32") -> list[dict]:
-  """One row per variant: ratios against `baseline` and the raw numbers."""
-  eval_fn = jax.jit(lambda p, b: model.loss(p, b))
-  log = run["log"]
-  base = log[baseline]["seconds"][warmup:] if baseline in log else None
+  """One row per variant over every seed's run: step-time ratios against
+  `baseline` (median of the per-step ratios of all seeds' timed steps),
+  memory, dots, held-out loss per seed and its difference from the
+  baseline's on the same seed (mean, sd, min, max).
+
+  `runs`: one dict per seed with `seed`, `steps`, `log` (from
+  run_interleaved) and `held_out` ({variant: loss})."""
   rows = []
-  base_memory = None
+  base_memory = next((memory(b.compiled) for b in builts
+                      if b.name == baseline), None)
   for b in builts:
-    seconds = log[b.name]["seconds"]
-    timed = seconds[warmup:] or seconds
-    finite = log[b.name]["finite"]
-    first_finite = next((i for i, f in enumerate(finite) if f), len(finite))
+    seconds, ratios, held, deltas = [], [], [], []
+    train_last10, skipped, after_settle, first_finite = [], 0, 0, []
+    for run in runs:
+      log = run["log"]
+      timed = log[b.name]["seconds"][warmup:] or log[b.name]["seconds"]
+      seconds += timed
+      if baseline in log:
+        base = log[baseline]["seconds"][warmup:] or log[baseline]["seconds"]
+        ratios += [t / f for t, f in zip(timed, base)]
+      held.append(run["held_out"][b.name])
+      if baseline in run["held_out"]:
+        deltas.append(run["held_out"][b.name] - run["held_out"][baseline])
+      train_last10.append(float(np.mean(log[b.name]["loss"][-10:])))
+      finite = log[b.name]["finite"]
+      first = next((i for i, f in enumerate(finite) if f), len(finite))
+      first_finite.append(first)
+      skipped += int(sum(not f for f in finite))
+      after_settle += int(sum(not f for f in finite[first:]))
     mem = memory(b.compiled)
-    if b.name == baseline:
-      base_memory = mem
     dots = hlo_dots(b.compiled.as_text())
     row = {
-        "variant": b.name, "label": b.label,
-        "step_ms_median": 1e3 * statistics.median(timed),
-        "step_ms_all": [1e3 * s for s in seconds],
-        "step_vs_f32": (statistics.median(
-            [t / f for t, f in zip(timed, base)]) if base else None),
+        "variant": b.name, "label": b.label, "donated": b.donated,
+        "seeds": [run["seed"] for run in runs],
+        "step_ms_median": 1e3 * statistics.median(seconds),
+        "step_vs_f32": statistics.median(ratios) if ratios else None,
+        "step_vs_f32_quartiles": (
+            [float(q) for q in np.percentile(ratios, [25, 75])]
+            if ratios else None),
         "memory": mem,
         "compile_s": b.compile_s,
         "converts": count_converts(b.stablehlo),
         "dots": {k: v for k, v in dots.items() if k != "dots"},
         "dot_records": dots["dots"],
-        "held_out_loss": held_out_loss(model, b.params_of(b.state), eval_fn),
-        "train_loss_last10": float(np.mean(log[b.name]["loss"][-10:])),
-        "train_loss": log[b.name]["loss"],
-        "skipped_steps": int(sum(not f for f in finite)),
-        "skipped_after_settle": int(sum(not f for f in finite[first_finite:])),
+        "held_out_loss": spread(held),
+        "held_out_by_seed": {run["seed"]: run["held_out"][b.name]
+                             for run in runs},
+        "held_out_delta": spread(deltas) if deltas else None,
+        "train_loss_last10": spread(train_last10),
+        "train_loss": {run["seed"]: run["log"][b.name]["loss"]
+                       for run in runs},
+        "step_ms_all": {run["seed"]: [1e3 * t for t in
+                                      run["log"][b.name]["seconds"]]
+                        for run in runs},
+        "skipped_steps": skipped,
+        "skipped_after_settle": after_settle,
         "first_finite_step": first_finite,
         "notes": b.notes,
     }
+    if base_memory and mem:
+      row["memory_total_vs_f32"] = mem["total"] / base_memory["total"]
+      # XLA:CPU often needs next to no temp in f32 (the MLP undonated: 68
+      # bytes), where a ratio says nothing: the table shows MiB alone then.
+      row["memory_temp_vs_f32"] = (mem["temp"] / base_memory["temp"]
+                                   if base_memory["temp"] >= 2 ** 20 else None)
     rows.append(row)
-  base_row = next((r for r in rows if r["variant"] == baseline), None)
-  for row in rows:
-    if base_row:
-      row["held_out_delta"] = row["held_out_loss"] - base_row["held_out_loss"]
-    if base_memory and row["memory"]:
-      row["memory_total_vs_f32"] = (row["memory"]["total"] /
-                                    base_memory["total"])
-      # XLA:CPU often needs next to no temp in f32 (the MLP: 68 bytes), where
-      # a ratio says nothing: the table shows MiB alone then.
-      row["memory_temp_vs_f32"] = (
-          row["memory"]["temp"] / base_memory["temp"]
-          if base_memory["temp"] >= 2 ** 20 else None)
   return rows
 
 
@@ -478,15 +555,30 @@ def _fmt(value, spec: str, missing: str = "–", suffix: str = "") -> str:
   return missing if value is None else format(value, spec) + suffix
 
 
+def _delta(d: dict | None) -> str:
+  if not d:
+    return "–"
+  if d["n"] == 1:
+    return f"{d['mean']:+.4f}"
+  return (f"{d['mean']:+.4f} ± {d['sd']:.4f} "
+          f"[{d['min']:+.4f}, {d['max']:+.4f}]")
+
+
 def markdown_table(rows: Sequence[dict]) -> str:
+  seeds = max((len(r["seeds"]) for r in rows), default=1)
+  delta_head = ("Δ held-out vs f32" if seeds == 1 else
+                f"Δ held-out vs f32, mean ± sd [min, max] ({seeds} seeds)")
   head = ("| variant | step vs f32 | step ms | memory total vs f32 (MiB) | "
           "temp vs f32 (MiB) | compile s | converts | low-prec dots in "
-          "optimized HLO | held-out loss (Δ vs f32) | skipped (after settle) |")
-  lines = [head, "|" + "---|" * 10]
+          f"optimized HLO | held-out loss | {delta_head} | skipped (after "
+          "settle) |")
+  lines = [head, "|" + "---|" * 11]
   for r in rows:
     mem = r["memory"] or {}
     d = r["dots"]
     dots = f"{d['low']}/{d['total']}"
+    if d.get("fp8"):
+      dots += f", {d['fp8']} FP8"
     if d["mixed"]:
       dots += f", {d['mixed']} mixed"
     if d["low_outside_fusion"]:
@@ -498,8 +590,8 @@ def markdown_table(rows: Sequence[dict]) -> str:
         f"({mem.get('total', 0) / 2**20:.1f}) | "
         f"{_fmt(r.get('memory_temp_vs_f32'), '.2f', suffix='×')} "
         f"({mem.get('temp', 0) / 2**20:.1f}) | {r['compile_s']:.1f} | "
-        f"{r['converts']} | {dots} | {r['held_out_loss']:.4f} "
-        f"({r.get('held_out_delta', 0):+.4f}) | {r['skipped_steps']} "
+        f"{r['converts']} | {dots} | {r['held_out_loss']['mean']:.4f} | "
+        f"{_delta(r.get('held_out_delta'))} | {r['skipped_steps']} "
         f"({r['skipped_after_settle']}) |")
   return "\n".join(lines)
 

@@ -17,6 +17,14 @@
    f32 out of all, the error without and with them, compiles, and the time
    as a multiple of one compile.
 
+3. `--numerics` (issue 9, storage precision): every program of
+   `test/python/programs.py` and every model of the corpus
+   (`test/python/test_corpus.py`, forward and training step), max error
+   against f32 before and after, and the ratio after / before (the goal:
+   at most 1.5). `--level O2` compares at the level that was the default
+   before the per-target default (so only the storage decision differs);
+   without it each side runs at its own default (AFTER: O1 on cpu).
+
 The BEFORE package: build 565cd52 in a worktree and drop its extension into
 a copy of its Python package:
 
@@ -56,16 +64,27 @@ TOLERANCES = (1e-2, 1e-3)
 
 # -- one side (runs in a subprocess) -------------------------------------------
 
-def _count_ops(text: str) -> int:
-  from jax._src.interpreters import mlir as jax_mlir
-  from jax.extend.mlir import ir
-  from mlir_checks import walk
-  context = jax_mlir.make_ir_context()
-  with context:
-    module = ir.Module.parse(text, context)
-    return sum(1 for op in walk(module.operation)
-               if op.name not in ("func.func", "func.return",
-                                  "stablehlo.return"))
+def _with_level(level: str | None) -> None:
+  """Every amp.transform of this process at `level` (None: the default)."""
+  if level is None:
+    return
+  import functools as ft
+  import stablehlo_amp as amp
+  amp.transform = ft.partial(amp.transform, level=level)
+
+
+def measure_corpus(case, policy: str) -> dict:
+  import test_corpus as tc
+  try:
+    row, _ = tc.measure(case, policy)
+  except Exception as error:  # the table says it
+    return {"program": case.id, "policy": policy,
+            "error": f"{type(error).__name__}: "
+                     f"{str(error).splitlines()[0][:100]}"}
+  return {"program": case.id, "policy": policy, "ops": row.ops,
+          "lowered": row.lowered, "kept": row.kept_f32,
+          "converts": row.converts, "max_error": row.max_error,
+          "update_diff": row.update_diff}
 
 
 def measure_program(name: str, policy: str) -> dict:
@@ -75,8 +94,9 @@ def measure_program(name: str, policy: str) -> dict:
   import stablehlo_amp as amp
   program = P.PROGRAMS_BY_NAME[name]
   args = program.make_args()
+  from test_corpus import count_ops
   row = {"program": name, "policy": policy,
-         "ops": _count_ops(jax.jit(program.fn).lower(*args).as_text())}
+         "ops": count_ops(jax.jit(program.fn).lower(*args).as_text())}
   try:
     lowered = amp.transform(program.fn, policy).lower(*args)
     report = lowered.report()
@@ -139,11 +159,25 @@ def measure_calibration(case, policy: str, tolerance: float) -> dict:
 
 
 def run_side(side: str, policies: list[str], corpus: str,
-             calibrate: bool) -> dict:
+             calibrate: bool, numerics: bool = False,
+             level: str | None = None) -> dict:
   sys.path.insert(0, str(TESTS))
   import stablehlo_amp
+  _with_level(level)
   out = {"side": side, "package": os.path.dirname(stablehlo_amp.__file__),
-         "programs": [], "calibration": []}
+         "level": level or "default", "programs": [], "calibration": []}
+  if numerics:
+    import programs as P
+    import test_corpus as tc
+    for program in P.PROGRAMS:
+      for policy in policies:
+        out["programs"].append(measure_program(program.name, policy))
+        print(f"[{side}] {program.name} {policy}", file=sys.stderr)
+    for case in tc.CASES:
+      for policy in policies:
+        out["programs"].append(measure_corpus(case, policy))
+        print(f"[{side}] {case.id} {policy}", file=sys.stderr)
+    return out
   for name in PROGRAMS:
     for policy in policies:
       start = time.perf_counter()
@@ -224,6 +258,33 @@ def programs_table(before: dict, after: dict) -> str:
   return "\n".join(lines)
 
 
+def numerics_table(before: dict, after: dict) -> str:
+  by_key = {(r["program"], r["policy"]): r for r in before["programs"]}
+  lines = [f"| program | policy | max error vs f32 before ({before['level']}) "
+           f"| after ({after['level']}) | after / before | lowered before → "
+           "after | converts before → after |",
+           "|---|---|---:|---:|---:|---|---|"]
+  worst = 0.0
+  for row in after["programs"]:
+    old = by_key.get((row["program"], row["policy"]), {})
+    if "error" in row or "error" in old or not old:
+      lines.append(f"| {row['program']} | {row['policy']} | "
+                   f"{old.get('error', _error(old.get('max_error')))} | "
+                   f"{row.get('error', _error(row.get('max_error')))} ||||")
+      continue
+    a, b = row.get("max_error"), old.get("max_error")
+    ratio = a / b if a is not None and b else None
+    if ratio is not None:
+      worst = max(worst, ratio)
+    lines.append(
+        f"| {row['program']} | {row['policy']} | {_error(b)} | {_error(a)} | "
+        f"{'n/a' if ratio is None else f'{ratio:.2f}'} | "
+        f"{old['lowered']} → {row['lowered']} | "
+        f"{old['converts']} → {row['converts']} |")
+  lines.append(f"\nlargest after / before: {worst:.2f}")
+  return "\n".join(lines)
+
+
 def calibration_table(after: dict) -> str:
   lines = ["| model | policy | tolerance | groups kept / total "
            "| error before → after | compiles | time | cost (x one compile) |",
@@ -250,6 +311,10 @@ def _spawn(side: str, args, pythonpath: str | None) -> dict:
                "--corpus", args.corpus]
     for policy in args.policies:
       command += ["--policy", policy]
+    if args.numerics:
+      command.append("--numerics")
+    if args.level:
+      command += ["--level", args.level]
     if side == "before" or args.skip_calibration:
       command.append("--skip-calibration")
     subprocess.run(command, env=env, check=True, cwd=TESTS)
@@ -266,6 +331,11 @@ def main() -> None:
   parser.add_argument("--corpus", choices=("decisions", "all"),
                       default="decisions")
   parser.add_argument("--skip-calibration", action="store_true")
+  parser.add_argument("--numerics", action="store_true",
+                      help="max error against f32 of every program and "
+                      "corpus model, before and after (issue 9)")
+  parser.add_argument("--level", help="with --numerics: run both sides at "
+                      "this level (default: each side's default)")
   parser.add_argument("--side", choices=("before", "after"),
                       help=argparse.SUPPRESS)
   parser.add_argument("--json", help=argparse.SUPPRESS)
@@ -275,7 +345,7 @@ def main() -> None:
   args.policies = args.policies or ["p=f32,c=bf16,o=f32", "p=f32,c=f16,o=f32"]
   if args.side:
     result = run_side(args.side, args.policies, args.corpus,
-                      not args.skip_calibration)
+                      not args.skip_calibration, args.numerics, args.level)
     pathlib.Path(args.json).write_text(json.dumps(result))
     return
   if not (pathlib.Path(args.before) / "stablehlo_amp").is_dir():
@@ -283,6 +353,13 @@ def main() -> None:
   before = _spawn("before", args, args.before)
   after = _spawn("after", args, None)
   print(f"BEFORE: {before['package']}\nAFTER: {after['package']}\n")
+  if args.numerics:
+    print("## Max error against f32, before and after storage precision\n")
+    print(numerics_table(before, after))
+    if args.save:
+      pathlib.Path(args.save).write_text(json.dumps(
+          {"before": before, "after": after}, indent=1))
+    return
   print("## Discrete decisions and linear algebra: before and after issue 12"
         "\n")
   print(programs_table(before, after))

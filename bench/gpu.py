@@ -1,28 +1,37 @@
 """The peers benchmark on a CUDA GPU, at GPU sizes, in one command.
 
-    python bench/gpu.py                      # on a CUDA machine, < 8 minutes
-    python bench/gpu.py --budget-s 300       # tighter time budget
+    python3 bench/gpu.py                    # on the GPU machine, < 8 minutes
+    python3 bench/gpu.py --budget-s 300     # tighter time budget
+    python bench/gpu.py --smoke             # anywhere (CPU too): tiny sizes,
+                                            # 3 steps, checks the script works
 
-Same variants, columns and interleaving as bench/peers.py, with a wider LM
-(d_model 1024, 8 heads, 4 layers, seq 512, batch 16) and MLP
-(784-4096-4096-10, batch 2048). A variant whose library is missing is left
-out with a message saying how to install it; with no GPU the script says so
-and stops (--allow-cpu runs it anyway, for testing).
+Same variants, columns, donation and interleaving as bench/peers.py, with a
+wider LM (d_model 1024, 8 heads, 4 layers, seq 512, batch 16) and MLP
+(784-4096-4096-10, batch 2048). Our variants use the stablehlo_amp installed
+on the machine that runs this, so the rewrite happens there, for its JAX and
+target (gpu). With no GPU the script says so and stops (--allow-cpu runs it
+anyway; --smoke implies it).
 
-Our variants come from the installed stablehlo_amp when it imports there.
-Otherwise, from artifacts made on a machine that has the library:
+Libraries missing on the machine: wheels in --wheels (default
+bench/artifacts/wheels: jmp, MPX and its dependencies, and a stablehlo_amp
+wheel built for that machine's Python if there is one) are installed with
+`pip install --no-index --no-deps --target` into a temporary directory and
+put on sys.path first. A variant whose library is still missing is left out
+with a message.
 
-    python bench/gpu.py --prepare            # here: writes bench/artifacts/gpu/
-    # carry bench/artifacts to the GPU machine, then run bench/gpu.py there
+Fallback when no stablehlo_amp wheel works there (another Python, another
+JAX): on a machine with the library,
 
---prepare exports each of our training steps for CUDA (jax.export with
-platforms=("cuda",)), rewrites it with the C++ passes for target gpu exactly
-as amp.train_step does, and serializes the result; the GPU machine only needs
-JAX to deserialize and call it (Exported.call). It also writes the plain f32
-step exported the same way ("f32-exported"), a control for the JAX version
+    python bench/gpu.py --prepare          # writes bench/artifacts/gpu/
+
+exports each of our whole training steps (amp.train_step with target gpu,
+its rewritten module inlined) for CUDA with jax.export on flat leaves, and
+serializes it; the GPU machine then only needs JAX to call it (`--ours artifacts`, or automatically
+when stablehlo_amp does not import). That path also runs "f32-exported", the
+plain f32 step exported the same way: a control for the JAX version
 difference between the two machines.
 
-Writes bench/results/gpu.json (or --json).
+Writes bench/results/gpu.json (or --json; a copy in $OUT when it is set).
 """
 
 from __future__ import annotations
@@ -32,28 +41,69 @@ import functools
 import json
 import os
 import pathlib
+import subprocess
 import sys
+import tempfile
 import time
-
-import jax
-import jax.numpy as jnp
-import optax
-
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import common  # noqa: E402
-import peers  # noqa: E402
 
 HERE = pathlib.Path(__file__).resolve().parent
 ARTIFACTS = HERE / "artifacts" / "gpu"
-OURS = {"ours-bf16": ("p=f32,c=bf16,o=f32", False),
-        "ours-f16": ("p=f32,c=f16,o=f32", True)}
-VARIANTS = ("f32", "f32-exported", "ours-bf16", "ours-f16", "jmp-bf16",
-            "jmp-f16", "mpx-bf16", "mpx-f16", "all-bf16")
-LABELS = {**peers.LABELS, "f32-exported": "f32 (exported with the CPU "
-          "machine's JAX)"}
+WHEELS = HERE / "artifacts" / "wheels"
+OURS = {"ours-bf16": ("p=f32,c=bf16,o=f32", False, None),
+        "ours-bf16-storage-f32": ("p=f32,c=bf16,o=f32", False, "f32"),
+        "ours-f16": ("p=f32,c=f16,o=f32", True, None),
+        "ours-bf16-gemm-f8": ("p=f32,c=bf16,o=f32,gemm=f8", False, None)}
+# FP8: current scaling, and delayed scaling (only when stablehlo_amp runs
+# here: its amax histories are state the artifacts do not carry). The
+# table's dot column counts FP8 GEMMs (cuBLASLt FP8 custom calls).
+VARIANTS = ("f32", "ours-bf16", "ours-bf16-storage-f32", "ours-f16",
+            "ours-bf16-gemm-f8", "ours-bf16-gemm-f8-scaling-delayed",
+            "jmp-bf16", "jmp-f16", "mpx-bf16", "mpx-f16", "all-bf16")
+
+
+def install_wheels(directory: pathlib.Path) -> list[str]:
+  """Installs the wheels in `directory` whose package does not import,
+  each on its own (one incompatible wheel does not stop the others), into a
+  temporary directory put first on sys.path. Returns messages."""
+  wheels = sorted(directory.glob("*.whl")) if directory.is_dir() else []
+  if not wheels:
+    return []
+  missing = []
+  for wheel in wheels:
+    module = {"mixed_precision_for_jax": "mpx",
+              "typing_extensions": "typing_extensions"}.get(
+                  wheel.name.split("-")[0].lower(),
+                  wheel.name.split("-")[0].lower())
+    try:
+      __import__(module)
+    except Exception:  # noqa: BLE001 - anything but a clean import: install
+      missing.append(wheel)
+  if not missing:
+    return []
+  target = pathlib.Path(tempfile.mkdtemp(prefix="gpu-bench-site-"))
+  messages = []
+  for wheel in missing:
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index",
+         "--no-deps", "--target", str(target), str(wheel)],
+        capture_output=True, text=True)
+    messages.append(f"  installed {wheel.name}" if done.returncode == 0 else
+                    f"  could not install {wheel.name}: "
+                    f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+  sys.path.insert(0, str(target))
+  return messages
+
+
+def _early_args(argv) -> argparse.Namespace:
+  """--wheels and --smoke, read before JAX is imported."""
+  early = argparse.ArgumentParser(add_help=False)
+  early.add_argument("--wheels", default=str(WHEELS))
+  early.add_argument("--no-install", action="store_true")
+  return early.parse_known_args(argv)[0]
 
 
 def configs(size: str) -> dict:
+  import common
   if size == "gpu":
     return {"lm": common.LMConfig(d_model=1024, heads=8, layers=4, seq=512,
                                   batch=16),
@@ -62,11 +112,17 @@ def configs(size: str) -> dict:
     return {"lm": common.LMConfig(d_model=128, heads=4, layers=2, seq=64,
                                   batch=8),
             "mlp": common.MLPConfig(sizes=(784, 256, 256, 10), batch=128)}
-  raise SystemExit(f"unknown --size {size!r} (gpu, small)")
+  if size == "smoke":  # seconds on a CPU
+    return {"lm": common.LMConfig(d_model=64, heads=2, layers=1, seq=32,
+                                  batch=4),
+            "mlp": common.MLPConfig(sizes=(784, 64, 64, 10), batch=32)}
+  raise SystemExit(f"unknown --size {size!r} (gpu, small, smoke)")
 
 
-def make_model(name: str, config) -> common.Model:
-  return common.make_lm(config) if name == "lm" else common.make_mlp(config)
+def make_model(name: str, config, seed: int = 0):
+  import common
+  return (common.make_lm(config, seed=seed) if name == "lm" else
+          common.make_mlp(config, seed=seed))
 
 
 def _key(name: str, config) -> str:
@@ -77,32 +133,19 @@ def _key(name: str, config) -> str:
 
 
 # --------------------------------------------------------------------------
-# --prepare: export + rewrite here, for the GPU machine.
-
-
-class _PlatformExport:
-  """`jax.export` with `platforms` fixed: stands in for the module attribute
-  stablehlo_amp's program builder exports through, while preparing."""
-
-  def __init__(self, module, platform: str):
-    self._module = module
-    self.export = functools.partial(module.export, platforms=(platform,))
-
-  def __getattr__(self, name):
-    return getattr(self._module, name)
+# Fallback, --prepare: trace + rewrite + export here, for the GPU machine.
 
 
 def prepare(size: str, platform: str, out: pathlib.Path) -> None:
+  import jax
+  import optax
   import stablehlo_amp as amp
-  from stablehlo_amp._src import program as prog
-  from stablehlo_amp._src import training as tr
 
   out.mkdir(parents=True, exist_ok=True)
   for name, config in configs(size).items():
     model = make_model(name, config)
     batch = next(model.train)
     key = _key(name, config)
-    # The plain f32 step, exported the same way (the control).
     tx = model.optimizer
 
     def f32_step(state, batch):
@@ -123,70 +166,68 @@ def prepare(size: str, platform: str, out: pathlib.Path) -> None:
         *jax.tree_util.tree_leaves((state, batch)))
     (out / f"{key}.f32-exported.bin").write_bytes(exported.serialize())
     (out / f"{key}.f32-exported.json").write_text(json.dumps(
-        {"variant": "f32-exported", "platform": platform, "jax": jax.__version__,
-         "description": model.description}, indent=1))
+        {"variant": "f32-exported", "platform": platform,
+         "jax": jax.__version__, "description": model.description}, indent=1))
     print(f"  {key}: f32-exported")
 
-    for variant, (policy, dynamic) in OURS.items():
+    for variant, (policy, dynamic, storage) in OURS.items():
       loss_scale = amp.DynamicLossScale() if dynamic else amp.NoOpLossScale()
+      options = {"storage": storage} if storage else {}
       step = amp.train_step(lambda p, b: model.loss(p, b), tx, policy,
-                            loss_scale=loss_scale, target="gpu")
+                            loss_scale=loss_scale, target="gpu", **options)
       st = step.init(model.params)
-      params, opt_state = st.params, st.opt_state
-      seed = jnp.ones((), jnp.float32)
-      # What TrainStep._traced does, with the export aimed at `platform`.
-      export_args = (tr._spec(params, True), tr._spec(opt_state, False),
-                     tr._spec(batch, False), tr._spec(seed, False))
-      flags = (tr._float_flags(params, True) +
-               tr._float_flags(opt_state, False) +
-               tr._float_flags(batch, False) + [False])
-      leaves = jax.tree_util.tree_leaves((params, opt_state, batch)) + [seed]
-      num_state = (len(jax.tree_util.tree_leaves(params)) +
-                   len(jax.tree_util.tree_leaves(opt_state)))
-      state_leaves = [(1 + i, i) for i in range(num_state)]
-      original = prog.jax_export
-      prog.jax_export = _PlatformExport(original, platform)
-      try:
-        program = step._build(step._inner, export_args, flags,
-                              len(leaves) - 1, loss_scale, state_leaves)
-      finally:
-        prog.jax_export = original
-      if program.result is None:
-        raise SystemExit(f"{variant}: the rewrite fell back; nothing to carry")
-      options = loss_scale.pass_options()
+      # The whole step (outer jit, the rewritten module inlined in it),
+      # exported through JAX's public API on flat leaves: nothing of
+      # stablehlo_amp's internals or pytree types travels.
+      state_tree = jax.tree_util.tree_structure(st)
+      state_leaves = jax.tree_util.tree_leaves(st)
+      batch_tree = jax.tree_util.tree_structure(batch)
+
+      def flat_step(*leaves, state_tree=state_tree, step=step,
+                    count=len(state_leaves), batch_tree=batch_tree):
+        state = jax.tree_util.tree_unflatten(state_tree, leaves[:count])
+        batch = jax.tree_util.tree_unflatten(batch_tree, leaves[count:])
+        new_state, metrics = step(state, batch)
+        return (*jax.tree_util.tree_leaves(new_state), metrics["loss"],
+                metrics["grads_finite"])
+
+      start = time.perf_counter()
+      exported = jax.export.export(jax.jit(flat_step),
+                                   platforms=(platform,))(
+          *state_leaves, *jax.tree_util.tree_leaves(batch))
+      seconds = time.perf_counter() - start
+      n_params = len(jax.tree_util.tree_leaves(st.params))
+      n_opt = len(jax.tree_util.tree_leaves(st.opt_state))
+      # State leaves after the parameters and optimizer state (loss scale,
+      # skipped-step counter, ...): their initial values travel.
+      rest = [{"value": float(x), "dtype": str(x.dtype)}
+              for x in state_leaves[n_params + n_opt:]]
       meta = {
-          "variant": variant, "policy": policy, "platform": platform,
-          "target": "gpu", "jax": jax.__version__,
-          "description": model.description,
-          "loss_scale": {"mode": options.mode,
-                         "initial": float(loss_scale.loss_scale),
-                         "growth_interval": options.growth_interval},
-          "extra_inputs": options.extra_inputs,
-          "extra_outputs": options.extra_outputs,
-          "num_params": len(jax.tree_util.tree_leaves(params)),
-          "num_opt": len(jax.tree_util.tree_leaves(opt_state)),
-          "lower_s": program.timings.lower,
-          "rewrite_s": program.timings.rewrite,
-          "converts_inserted": program.result.report.converts_inserted,
-          "converts_total": program.result.report.converts_total,
-          "lowered_ops": dict(program.result.report.lowered),
+          "variant": variant, "policy": policy, "storage": storage or
+          "default", "platform": platform, "target": "gpu",
+          "jax": jax.__version__, "description": model.description,
+          "num_params": n_params, "num_opt": n_opt, "rest": rest,
+          "loss_scale_leaf": 0 if dynamic else None,
+          "lower_s": seconds, "rewrite_s": None, "converts_inserted": None,
       }
-      (out / f"{key}.{variant}.bin").write_bytes(program.exported.serialize())
+      (out / f"{key}.{variant}.bin").write_bytes(exported.serialize())
       (out / f"{key}.{variant}.json").write_text(json.dumps(meta, indent=1))
-      print(f"  {key}: {variant} (rewrite {program.timings.rewrite:.2f} s, "
-            f"{meta['converts_inserted']} converts inserted)")
+      print(f"  {key}: {variant} (traced, rewritten and exported in "
+            f"{seconds:.1f} s)")
   print(f"wrote {out}")
 
 
 # --------------------------------------------------------------------------
-# Running artifacts on the GPU machine.
+# Fallback: running the artifacts on the GPU machine.
 
 
 def _load(artifacts: pathlib.Path, key: str, variant: str):
+  import jax
+  import peers
   blob = artifacts / f"{key}.{variant}.bin"
   if not blob.exists():
     raise peers.Unavailable(
-        f"stablehlo_amp is not importable here and {blob.name} is missing "
+        f"stablehlo_amp does not import here and {blob.name} is missing "
         f"from {artifacts}: run `python bench/gpu.py --prepare` on a machine "
         "with the library and carry bench/artifacts")
   meta = json.loads((artifacts / f"{key}.{variant}.json").read_text())
@@ -199,12 +240,16 @@ def _load(artifacts: pathlib.Path, key: str, variant: str):
   return exported, meta
 
 
-def build_f32_exported(artifacts, key, model: common.Model, batch):
+def build_f32_exported(artifacts, key, model, host, donate: bool):
+  import jax
+  import jax.numpy as jnp
+  import common
   exported, meta = _load(artifacts, key, "f32-exported")
   tx = model.optimizer
-  state = (model.params, tx.init(model.params))
-
+  init = lambda p: (lambda q: (q, tx.init(q)))(common.tree_copy(p))
+  state = init(model.params)
   state_tree = jax.tree_util.tree_structure(state)
+  batch = jax.device_put(host)
 
   def step(state, batch):
     outputs = exported.call(*jax.tree_util.tree_leaves((state, batch)))
@@ -212,15 +257,22 @@ def build_f32_exported(artifacts, key, model: common.Model, batch):
     return new_state, outputs[-1], jnp.ones((), bool)
 
   def go():
-    lowered = jax.jit(step).lower(state, batch)
+    lowered = jax.jit(step, donate_argnums=(0,) if donate else ()).lower(
+        state, batch)
     return lowered.as_text(), lowered.compile()
   (text, compiled), seconds = common.timed_build(go)
-  return common.Built("f32-exported", LABELS["f32-exported"], state, compiled,
-                      lambda s: s[0], compiled, text, seconds,
-                      {"exported_with_jax": meta["jax"]})
+  return common.Built("f32-exported", "f32 (exported with the preparing "
+                      "machine's JAX)", state, compiled, lambda s: s[0],
+                      compiled, text, seconds,
+                      {"exported_with_jax": meta["jax"]}, init=init,
+                      donated=donate)
 
 
-def build_ours_artifact(artifacts, key, variant, model: common.Model, batch):
+def build_ours_artifact(artifacts, key, variant, model, host, donate: bool):
+  import jax
+  import jax.numpy as jnp
+  import common
+  import peers
   exported, meta = _load(artifacts, key, variant)
   tx = model.optimizer
   params, opt_state = model.params, tx.init(model.params)
@@ -231,34 +283,40 @@ def build_ours_artifact(artifacts, key, variant, model: common.Model, batch):
         f"{variant}: the artifact has {meta['num_params']} parameter and "
         f"{meta['num_opt']} optimizer-state leaves, this optax gives "
         f"{n_params} and {n_opt}")
-  extra_in, extra_out = meta["extra_inputs"], meta["extra_outputs"]
-  out_tree = jax.tree_util.tree_structure((jnp.zeros(()), params, opt_state))
-  scale_state = ((jnp.asarray(meta["loss_scale"]["initial"], jnp.float32),
-                  jnp.zeros((), jnp.int32))[:extra_in])
+  tree = jax.tree_util.tree_structure((params, opt_state))
+
+  def init(p):
+    p = common.tree_copy(p)
+    rest = tuple(jnp.asarray(r["value"], r["dtype"]) for r in meta["rest"])
+    return (p, tx.init(p), rest)
 
   def step(state, batch):
-    params, opt_state, scale_state = state
-    leaves = jax.tree_util.tree_leaves((params, opt_state, batch))
-    outputs = exported.call(*leaves, jnp.ones((), jnp.float32), *scale_state)
-    count = len(outputs) - extra_out
-    loss, params, opt_state = jax.tree_util.tree_unflatten(
-        out_tree, outputs[:count])
-    finite, new_scale = outputs[count], tuple(outputs[count + 1:])
-    return (params, opt_state, new_scale), loss, finite
+    params, opt_state, rest = state
+    outputs = exported.call(*jax.tree_util.tree_leaves((params, opt_state)),
+                            *rest, *jax.tree_util.tree_leaves(batch))
+    count = n_params + n_opt
+    params, opt_state = jax.tree_util.tree_unflatten(tree, outputs[:count])
+    rest = tuple(outputs[count:count + len(meta["rest"])])
+    loss, finite = outputs[-2], outputs[-1]
+    return (params, opt_state, rest), loss, finite
 
-  state = (params, opt_state, scale_state)
+  state = init(params)
+  batch = jax.device_put(host)
 
   def go():
-    lowered = jax.jit(step).lower(state, batch)
+    lowered = jax.jit(step, donate_argnums=(0,) if donate else ()).lower(
+        state, batch)
     return lowered.as_text(), lowered.compile()
   (text, compiled), seconds = common.timed_build(go)
-  notes = {k: meta[k] for k in ("policy", "lower_s", "rewrite_s",
-                                "converts_inserted", "jax")}
-  notes["compile_s_excludes"] = "lower and rewrite (done on the CPU machine)"
-  built = common.Built(variant, LABELS[variant] + " [artifact]", state,
-                       compiled, lambda s: s[0], compiled, text, seconds, notes)
-  if extra_in:
-    built.final_notes = lambda s: {"loss_scale": float(s[2][0])}
+  notes = {k: meta[k] for k in ("policy", "storage", "lower_s", "jax")}
+  notes["compile_s_excludes"] = "trace, rewrite and export (when preparing)"
+  peers._ours_options(variant)  # its label, for the variants peers names
+  built = common.Built(variant, peers.LABELS[variant] + " [artifact]", state,
+                       compiled, lambda s: s[0], compiled, text, seconds, notes,
+                       init=init, donated=donate)
+  if meta["loss_scale_leaf"] is not None:
+    built.final_notes = lambda s: {
+        "loss_scale": float(s[2][meta["loss_scale_leaf"]])}
   return built
 
 
@@ -273,73 +331,117 @@ def _ours_live() -> str | None:
 
 
 def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  early = _early_args(argv)
+  installed = ([] if early.no_install else
+               install_wheels(pathlib.Path(early.wheels)))
+  sys.path.insert(0, str(HERE))
+  import jax
+  import common
+  import peers
+
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--smoke", action="store_true",
+                      help="tiny models, 3 steps, 1 warm-up step, CPU "
+                      "allowed: checks the script works (not a measurement)")
+  parser.add_argument("--size", help="gpu (default), small or smoke")
+  parser.add_argument("--allow-cpu", action="store_true",
+                      help="run without a GPU (testing the script)")
+  parser.add_argument("--steps", type=int, help="steps per seed (default "
+                      "100; --smoke 3)")
+  parser.add_argument("--warmup", type=int, help="default 5; --smoke 1")
+  parser.add_argument("--seeds", default="0",
+                      help="comma-separated seeds (default 0: one seed fits "
+                      "the budget at GPU sizes)")
+  parser.add_argument("--no-donate", action="store_true",
+                      help="keep the state instead of donating it")
+  parser.add_argument("--budget-s", type=float, default=420,
+                      help="stop training steps when this much wall time "
+                      "has passed (default 420: the run stays under 8 "
+                      "minutes)")
+  parser.add_argument("--models", default="lm,mlp")
+  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument("--json", help="default bench/results/gpu.json "
+                      "(--smoke: gpu-smoke.json)")
+  parser.add_argument("--wheels", default=str(WHEELS),
+                      help="wheels to install when a library is missing")
+  parser.add_argument("--no-install", action="store_true",
+                      help="install nothing from --wheels")
+  parser.add_argument("--ours", default="auto",
+                      help="auto (stablehlo_amp if it imports, else "
+                      "artifacts), live, artifacts")
   parser.add_argument("--prepare", action="store_true",
-                      help="export + rewrite our variants for the GPU machine")
+                      help="fallback: export + rewrite our variants for the "
+                      "GPU machine, into --artifacts")
   parser.add_argument("--platform", default="cuda",
                       help="--prepare: platform to export for (cuda; cpu to "
                       "try the artifact path here)")
   parser.add_argument("--artifacts", default=str(ARTIFACTS))
-  parser.add_argument("--size", default="gpu", help="gpu (default) or small")
-  parser.add_argument("--ours", default="auto",
-                      help="auto (library if it imports, else artifacts), "
-                      "live, artifacts")
-  parser.add_argument("--allow-cpu", action="store_true",
-                      help="run without a GPU (testing the script)")
-  parser.add_argument("--steps", type=int, default=100)
-  parser.add_argument("--warmup", type=int, default=5)
-  parser.add_argument("--budget-s", type=float, default=420,
-                      help="stop training steps when this much wall time "
-                      "has passed (default 420: the whole run stays under 8 "
-                      "minutes)")
-  parser.add_argument("--models", default="lm,mlp")
-  parser.add_argument("--variants", default=",".join(VARIANTS))
-  parser.add_argument("--json", help="default bench/results/gpu.json")
   args = parser.parse_args(argv)
+  size = args.size or ("smoke" if args.smoke else "gpu")
   artifacts = pathlib.Path(args.artifacts)
 
   if args.prepare:
-    prepare(args.size, args.platform, artifacts)
+    prepare(size, args.platform, artifacts)
     return 0
 
   start = time.perf_counter()
   backend = jax.default_backend()
-  if backend not in ("gpu", "cuda") and not args.allow_cpu:
+  if backend not in ("gpu", "cuda") and not (args.allow_cpu or args.smoke):
     print(f"bench/gpu.py: no CUDA device here (JAX backend {backend!r}, "
           f"devices {jax.devices()}). Run it on a machine with a GPU and "
-          "jax[cuda]; --allow-cpu runs it anyway (slowly, for testing).")
+          "jax[cuda]; --smoke or --allow-cpu runs it anyway (for testing).")
     return 2
+  steps = args.steps or (3 if args.smoke else 100)
+  warmup = args.warmup if args.warmup is not None else (1 if args.smoke
+                                                        else 5)
+  seeds = [int(s) for s in args.seeds.split(",") if s]
+  donate = not args.no_donate
   env = common.environment()
   print(f"gpu peers: {env['device_kind']} ({env['backend']}), jax "
-        f"{env['jax']}, {env['cpu_count']} CPUs; budget {args.budget_s:.0f} s")
+        f"{env['jax']}, {env['cpu_count']} CPUs; sizes {size}, {steps} steps "
+        f"x seeds {seeds}, state {'donated' if donate else 'kept'}; budget "
+        f"{args.budget_s:.0f} s")
+  for message in installed:
+    print(message)
   why_not_live = _ours_live()
   use_live = args.ours == "live" or (args.ours == "auto" and not why_not_live)
   if args.ours == "live" and why_not_live:
     print(f"  stablehlo_amp does not import here: {why_not_live}")
-  print("  our variants: " + ("stablehlo_amp, live" if use_live else
-                              f"artifacts from {artifacts}" +
-                              (f" (stablehlo_amp: {why_not_live})"
-                               if why_not_live else "")))
+  if use_live:
+    import stablehlo_amp
+    from stablehlo_amp._src import pipeline
+    version = getattr(stablehlo_amp, "__version__", "?")
+    where = pathlib.Path(stablehlo_amp.__file__).parent
+    print(f"  our variants: stablehlo_amp {version} from {where}, rewritten "
+          f"here for target {pipeline.default_target()}")
+  else:
+    print(f"  our variants: artifacts from {artifacts}" +
+          (f" (stablehlo_amp: {why_not_live})" if why_not_live else ""))
   for lib, hint in (("jmp", "jmp==0.0.4"),
                     ("mpx", "mixed-precision-for-jax==0.1.8 (+ equinox, "
                      "jaxtyping, wadler_lindig)")):
     try:
       __import__(lib)
     except ImportError as error:
-      print(f"  {lib} is missing ({error}): its variants are left out; "
-            f"pip install --no-deps {hint}")
+      print(f"  {lib} is missing ({error}): its variants are left out; put "
+            f"its wheel in {args.wheels} (pip download --no-deps {hint})")
 
   variants = [v for v in args.variants.split(",") if v]
+  if not use_live:
+    variants = [v for v in variants if not v.endswith("-scaling-delayed")]
+  if not use_live and "f32-exported" not in variants:
+    variants.insert(1, "f32-exported")
   names = [n for n in args.models.split(",") if n]
-  results = {"benchmark": "peers-gpu", "environment": env,
+  results = {"benchmark": "peers-gpu", "environment": env, "size": size,
              "ours_source": "live" if use_live else "artifacts",
-             "variants": variants, "models": {}}
-  json_path = (pathlib.Path(args.json) if args.json else
-               common.RESULTS / "gpu.json")
+             "donated": donate, "seeds": seeds, "variants": variants,
+             "models": {}}
+  json_path = (pathlib.Path(args.json) if args.json else common.RESULTS /
+               ("gpu-smoke.json" if args.smoke else "gpu.json"))
   for index, name in enumerate(names):
-    config = configs(args.size)[name]
-    model = make_model(name, config)
+    config = configs(size)[name]
     key = _key(name, config)
     builders = {"f32-exported": functools.partial(build_f32_exported,
                                                   artifacts, key)}
@@ -350,9 +452,11 @@ def main(argv=None) -> int:
     # Each model gets its share of the remaining budget for its steps.
     remaining = args.budget_s - (time.perf_counter() - start)
     deadline = time.perf_counter() + remaining / (len(names) - index)
-    print(f"\n## {model.description}")
-    result = peers.bench_model(model, variants, args.steps, args.warmup,
-                               builders=_wrap(builders), deadline=deadline)
+    make = functools.partial(make_model, name, config)
+    print(f"\n## {make(seeds[0]).description}")
+    result = peers.bench_model(lambda seed: make(seed=seed), variants, steps,
+                               warmup, seeds, builders=builders,
+                               deadline=deadline, donate=donate)
     results["models"][name] = result
     print()
     print(result["table"], flush=True)
@@ -363,12 +467,6 @@ def main(argv=None) -> int:
     common.write_json(pathlib.Path(out) / json_path.name, results)
   print(f"\nwrote {json_path} ({time.perf_counter() - start:.0f} s in all)")
   return 0
-
-
-def _wrap(builders: dict) -> dict:
-  """Builders take (model, host batch); the artifact ones want a device batch."""
-  return {k: (lambda f: lambda model, host: f(model, jax.device_put(host)))(f)
-          for k, f in builders.items()}
 
 
 if __name__ == "__main__":
