@@ -632,11 +632,14 @@ bool PrecisionAnalysis::isCheapToRebuild(Operation *op) const {
          shlo::isChlo(op, "square");
 }
 
-void PrecisionAnalysis::decideStorage(ModuleOp module) {
+PrecisionAnalysis::ValueKinds PrecisionAnalysis::classifyValues() const {
+  ValueKinds kinds;
+  llvm::DenseSet<Value> &statistics = kinds.statistics;
+  llvm::DenseSet<Value> &constants = kinds.constants;
+  llvm::DenseSet<Value> &normalised = kinds.normalised;
   // Statistics: reduction results and what elementwise arithmetic makes of
   // them and of constants alone (mean, variance, rsqrt(var + eps), the
   // softmax max and sum).
-  llvm::DenseSet<Value> statistics, constants;
   // Normalised: f32 data centred by a statistic (x - mean) and what
   // multiplying or dividing by statistics makes of it (x̂), when the data
   // was made by f32 arithmetic. Batch norm's backward pass cancels across
@@ -644,7 +647,6 @@ void PrecisionAnalysis::decideStorage(ModuleOp module) {
   // was rounded (a convolution XLA:CPU runs in f32), rounding x̂ raised the
   // flax ResNet step's error 4.7x. Data from a low-precision op was rounded
   // already, and may be stored low.
-  llvm::DenseSet<Value> normalised;
   for (Operation *op : order) {
     const OpDecision &d = decision(op);
     bool reduction = shlo::hasApplierRegions(op) &&
@@ -679,6 +681,13 @@ void PrecisionAnalysis::decideStorage(ModuleOp module) {
         normalised.insert(result);
     }
   }
+  return kinds;
+}
+
+void PrecisionAnalysis::decideStorage(ModuleOp module) {
+  ValueKinds kinds = classifyValues();
+  const llvm::DenseSet<Value> &statistics = kinds.statistics;
+  const llvm::DenseSet<Value> &constants = kinds.constants;
   // Position of each op in its block: the matrix multiplies before it.
   llvm::DenseMap<Operation *, int64_t> gemmsBefore;
   module.walk([&](Block *block) {
@@ -709,7 +718,7 @@ void PrecisionAnalysis::decideStorage(ModuleOp module) {
       rebuildable.insert(op->result_begin(), op->result_end());
     for (Value result : op->getResults()) {
       if (!isFull(result) || rebuildable.contains(result) ||
-          normalised.contains(result) ||
+          kinds.normalised.contains(result) ||
           !mayStoreLow(result, statistics, gemmsBefore))
         continue;
       // A GPU or TPU GEMM accumulates in f32 and rounds once as it writes:

@@ -116,6 +116,12 @@ private:
   void followLowInputs();
   void explainFullPrecision();
   // Storage.
+  struct ValueKinds {
+    llvm::DenseSet<Value> statistics; ///< reductions and their arithmetic
+    llvm::DenseSet<Value> constants;  ///< constants and their data movement
+    llvm::DenseSet<Value> normalised; ///< f32 data centred by a statistic
+  };
+  ValueKinds classifyValues() const;
   void decideStorage(ModuleOp module);
   bool isCheapToRebuild(Operation *op) const;
   bool mayStoreLow(Value value, const llvm::DenseSet<Value> &statistics,
