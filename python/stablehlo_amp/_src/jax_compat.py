@@ -196,10 +196,28 @@ def jit_options(fun: Callable) -> dict[str, tuple]:
   (empty for anything else)."""
   info = getattr(fun, "_jit_info", None)  # jax >= 0.6
   if info is None:
+    info = _jit_info_from_closure(fun)
+  if info is None:
     return {}
   return {name: tuple(getattr(info, name, ()) or ())
           for name in ("static_argnums", "static_argnames", "donate_argnums",
                        "donate_argnames")}
+
+
+def _jit_info_from_closure(fun: Callable) -> Any:
+  """jax < 0.6 keeps a jit's PjitInfo only in its cache-miss closure."""
+  cache_miss = getattr(fun, "_cache_miss", None)
+  if cache_miss is None:
+    return None
+  for cell in inspect.unwrap(cache_miss).__closure__ or ():
+    try:
+      contents = cell.cell_contents
+    except ValueError:  # an empty cell
+      continue
+    if hasattr(contents, "static_argnums") and hasattr(contents,
+                                                        "donate_argnums"):
+      return contents
+  return None
 
 
 def unwrap_jit(fun: Callable) -> Callable:
