@@ -36,10 +36,8 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import common  # noqa: E402
 import peers  # noqa: E402
 
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
-_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*")
+# Computation headers, instructions and calls: common's HLO patterns.
 _OPERAND = re.compile(r"%([\w.\-]+)")
-_CALLS = re.compile(r"calls=%?([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
 _FRAME = re.compile(r"stack_frame_id=(\d+)")
 _LOW = ("bf16", "f16")
@@ -71,17 +69,17 @@ def parse_hlo(text: str) -> dict:
       tables[section][int(key)] = value
       continue
     section = None
-    header = _HEADER.match(line)
+    header = common._HEADER.match(line)
     if header and " = " not in line.split("(")[0]:
-      current = header.group(2)
+      current = header.group(1)
       comps[current] = {}
-      if header.group(1):
+      if line.startswith("ENTRY"):
         entry = current
       continue
-    match = _INSTR.match(line)
+    match = common._INSTR.match(line)
     if not match or current is None:
       continue
-    name, rest = match.group(2), line[match.end():]
+    name, rest = match.group(1), line[match.end():]
     if rest.startswith("("):
       inner, end = common._balanced(rest, 0)
       result_type, rest = "(" + inner + ")", rest[end:].lstrip()
@@ -92,7 +90,7 @@ def parse_hlo(text: str) -> dict:
       continue
     operands_text, end = common._balanced(rest, opcode_match.end() - 1)
     after = rest[end:]
-    calls = _CALLS.search(after)
+    calls = common._CALLS.search(after)
     op_name = _OP_NAME.search(after)
     frame = _FRAME.search(after)
     comps[current][name] = {
