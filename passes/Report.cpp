@@ -56,13 +56,35 @@ llvm::json::Object decisionJson(Operation *op, DictionaryAttr decision) {
 }
 } // namespace
 
+namespace {
+/// A float-to-float convert that widens (or narrows) its operand.
+bool isFloatConvert(Operation *op, bool widening) {
+  if (!shlo::is(op, "convert") || op->getNumOperands() != 1)
+    return false;
+  FloatType from = shlo::getFloatElementType(op->getOperand(0).getType());
+  FloatType to = shlo::getFloatElementType(op->getResult(0).getType());
+  return from && to &&
+         (widening ? to.getWidth() > from.getWidth()
+                   : to.getWidth() < from.getWidth());
+}
+} // namespace
+
 StorageBytes mlir::amp::storageBytes(ModuleOp module) {
+  // A value rounded right after it is made is kept only as its rounded copy,
+  // and a widening convert is fused into its readers (XLA fuses both
+  // converts): each value counts once, in the dtype it is kept in.
   StorageBytes bytes;
   module.walk([&](Operation *op) {
+    if (isFloatConvert(op, /*widening=*/true))
+      return;
     for (Value result : op->getResults()) {
       FloatType element = shlo::getFloatElementType(result.getType());
       std::optional<int64_t> count = shlo::numElements(result.getType());
-      if (element && count)
+      bool onlyRounded =
+          !result.use_empty() && llvm::all_of(result.getUsers(), [](Operation *user) {
+            return isFloatConvert(user, /*widening=*/false);
+          });
+      if (element && count && !onlyRounded)
         bytes[typeText(element)] += *count * element.getWidth() / 8;
     }
   });

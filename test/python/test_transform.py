@@ -735,6 +735,33 @@ def test_on_cpu_library_fusions_hold_only_dots_when_storage_is_low():
       amp.transform(_softmax_block)(w, x), rtol=1e-6)
 
 
+_STORED_EXP = """
+func.func public @main(%x: tensor<64x64xf32>, %w1: tensor<64x128xf32>, %w2: tensor<64x128xf32>) -> tensor<64x128xf32> {
+  %0 = stablehlo.dot_general %x, %w1, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %1 = stablehlo.exponential %0 : tensor<64x128xf32>
+  %2 = stablehlo.dot_general %x, %w2, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %3 = stablehlo.multiply %1, %2 : tensor<64x128xf32>
+  return %3 : tensor<64x128xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_report_counts_a_stored_value_once_in_its_stored_dtype(target):
+  """exp(x @ w1), read across the second dot, is stored in bf16: against
+  storage=f32 the report's bytes lose its f32 copy and gain its bf16 copy,
+  and its f32 read-back (fused into the reader) is not counted."""
+  stored = amp.rewrite_module(_STORED_EXP, "p=f32,c=bf16,o=f32",
+                              target=target).report
+  kept_f32 = amp.rewrite_module(_STORED_EXP, "p=f32,c=bf16,o=f32",
+                                target=target, storage="f32").report
+  assert stored.stored_low, "the exp was not stored low"
+  elements = 64 * 128
+  assert kept_f32.bytes_after["f32"] - stored.bytes_after["f32"] == 4 * elements
+  assert stored.bytes_after["bf16"] - kept_f32.bytes_after["bf16"] == 2 * elements
+  assert stored.bytes_before == kept_f32.bytes_before
+
+
 def test_report_says_what_was_lowered_and_kept():
   low = amp.transform(mlp, "p=f32,c=bf16,o=f32", level="O2").lower(PARAMS, X)
   report = low.report()

@@ -47,7 +47,10 @@ class Report:
 
   ``lowered`` and ``kept_f32`` count ops by name; ``kept_f32_reasons`` groups
   the kept ops by the reason they stayed f32; ``bytes_before`` and
-  ``bytes_after`` give the bytes of the module's float values by dtype.
+  ``bytes_after`` give the bytes of the module's float values by dtype, each
+  value once, in the dtype it is kept in (a value rounded right after it is
+  made counts as its rounded copy; a widening convert is fused into its
+  readers).
   """
   policy: str
   level: str
@@ -178,7 +181,7 @@ class Report:
       def by_dtype(table: Mapping[str, int]) -> str:
         return ", ".join(f"{dtype} {_mib(n)}" for dtype, n in
                          sorted(table.items(), key=lambda kv: -kv[1])) or "none"
-      lines.append(f"  float values by dtype: before {by_dtype(self.bytes_before)}; "
+      lines.append(f"  float values by dtype (each once, as kept): before {by_dtype(self.bytes_before)}; "
                    f"after {by_dtype(self.bytes_after)}")
     if self.memory:
       lines.append("  XLA memory: " + ", ".join(
