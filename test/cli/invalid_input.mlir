@@ -13,7 +13,7 @@
 // KEPT: previous
 
 // Empty input is an error too.
-// RUN: sh -c 'amp-opt --target gpu < /dev/null; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=EMPTY
+// RUN: sh -c 'printf "" | amp-opt --target gpu; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=EMPTY
 // EMPTY: <stdin>: error: empty input, expected a StableHLO module
 // EMPTY-NEXT: exit=1
 
