@@ -164,19 +164,6 @@ llvm::StringRef mlir::amp::precisionId(Precision precision) {
 }
 
 llvm::StringRef mlir::amp::reasonId(Reason reason) { return infoOf(reason).id; }
-llvm::StringRef mlir::amp::reasonText(Reason reason) {
-  return infoOf(reason).text;
-}
-
-llvm::ArrayRef<Reason> mlir::amp::allReasons() {
-  static const llvm::SmallVector<Reason> reasons = [] {
-    llvm::SmallVector<Reason> all;
-    for (const ReasonInfo &info : kReasons)
-      all.push_back(info.reason);
-    return all;
-  }();
-  return reasons;
-}
 
 //===----------------------------------------------------------------------===//
 // The contract as JSON
@@ -241,7 +228,7 @@ llvm::json::Object passesJson() {
   };
   AmpFp8GemmsPassOptions fp8;
   llvm::json::Object fp8Gemms{
-      {"gemm", option(fp8.gemm, {"f8", "f8e4m3fn", "f8e5m2"})},
+      {"gemm", option(fp8.gemm, fp8GemmNames())},
       {"scaling", option(fp8.scaling, {"current", "delayed"})},
       {"amax-history", option(fp8.amaxHistory)},
       {"report", option(fp8.report)},

@@ -138,8 +138,6 @@ enum class Reason {
   OperandsAlreadyLow,
 };
 llvm::StringRef reasonId(Reason reason);
-llvm::StringRef reasonText(Reason reason);
-llvm::ArrayRef<Reason> allReasons();
 
 //===----------------------------------------------------------------------===//
 // The whole contract, for the extension

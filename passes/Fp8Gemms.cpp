@@ -102,17 +102,11 @@ private:
 };
 
 LogicalResult Fp8GemmsPass::initialize(MLIRContext *context) {
-  bool known = false;
-  for (GemmDtype candidate : allGemmDtypes())
-    for (llvm::StringRef spelling : gemmDtypeSpellings(candidate))
-      if (llvm::StringRef(gemm).trim().lower() == spelling) {
-        format = candidate;
-        known = true;
-      }
-  if (!known || format == GemmDtype::Compute)
-    optionError = "invalid option 'gemm': '" + gemm +
-                  "' is not an FP8 format (accepted: f8, f8e4m3fn, f8e5m2)";
-  else if (scaling == "current")
+  llvm::Expected<GemmDtype> parsed = parseFp8Gemm(gemm);
+  if (!parsed)
+    optionError =
+        "invalid option 'gemm': " + llvm::toString(parsed.takeError());
+  else if ((format = *parsed, scaling == "current"))
     scalingMode = Scaling::Current;
   else if (scaling == "delayed")
     scalingMode = Scaling::Delayed;

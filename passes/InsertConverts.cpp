@@ -291,13 +291,10 @@ llvm::Error parseOpNames(llvm::StringRef option,
                          llvm::ArrayRef<std::string> names,
                          llvm::StringSet<> &into) {
   for (const std::string &name : names) {
-    std::string qualified = shlo::qualifiedOpName(name);
-    if (!shlo::isKnownOpName(qualified))
-      return llvm::createStringError(
-          "invalid option '" + option + "': unknown op '" + name +
-          "' (nearest: " + llvm::join(shlo::nearestOpNames(name), ", ") +
-          ")");
-    into.insert(qualified);
+    llvm::Expected<std::string> qualified = shlo::checkedOpName(option, name);
+    if (!qualified)
+      return qualified.takeError();
+    into.insert(*qualified);
   }
   return llvm::Error::success();
 }

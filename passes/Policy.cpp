@@ -156,6 +156,25 @@ mlir::amp::gemmDtypeSpellings(GemmDtype gemm) {
 
 llvm::ArrayRef<GemmDtype> mlir::amp::allGemmDtypes() { return kGemmDtypes; }
 
+llvm::ArrayRef<llvm::StringRef> mlir::amp::fp8GemmNames() {
+  static const llvm::SmallVector<llvm::StringRef> names = [] {
+    llvm::SmallVector<llvm::StringRef> fp8;
+    for (GemmDtype gemm : kGemmDtypes)
+      if (gemm != GemmDtype::Compute)
+        fp8.push_back(gemmDtypeName(gemm));
+    return fp8;
+  }();
+  return names;
+}
+
+llvm::Expected<GemmDtype> mlir::amp::parseFp8Gemm(llvm::StringRef text) {
+  std::optional<GemmDtype> gemm = lookup(kGemmSpellings, text);
+  if (!gemm || *gemm == GemmDtype::Compute)
+    return optionError("'" + text + "' is not an FP8 format (accepted: " +
+                       llvm::join(fp8GemmNames(), ", ") + ")");
+  return *gemm;
+}
+
 //===----------------------------------------------------------------------===//
 // The policy grammar
 //===----------------------------------------------------------------------===//

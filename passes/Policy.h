@@ -39,6 +39,10 @@ enum class GemmDtype { Compute, F8, F8E4M3FN, F8E5M2 };
 llvm::StringRef gemmDtypeName(GemmDtype gemm);
 llvm::SmallVector<llvm::StringRef> gemmDtypeSpellings(GemmDtype gemm);
 llvm::ArrayRef<GemmDtype> allGemmDtypes();
+/// The FP8 formats (every GEMM dtype but `compute`), canonical names.
+llvm::ArrayRef<llvm::StringRef> fp8GemmNames();
+/// An FP8 GEMM format (any spelling); the error lists fp8GemmNames().
+llvm::Expected<GemmDtype> parseFp8Gemm(llvm::StringRef text);
 
 /// Precision policy in the jmp grammar, `p=f32,c=bf16,o=f32`, plus the
 /// optional GEMM operand dtype, `gemm=f8`.

@@ -41,7 +41,7 @@ PrecisionAnalysis::PrecisionAnalysis(ModuleOp module,
   paint();
   explainFullPrecision();
   if (options.storage == Storage::Compute && compute != full)
-    decideStorage(module);
+    decideStorage();
 }
 
 //===----------------------------------------------------------------------===//
@@ -664,8 +664,7 @@ PrecisionAnalysis::ValueKinds PrecisionAnalysis::classifyValues() const {
       anyUnroundedData |= !statistics.contains(operand) &&
                           !constants.contains(operand) &&
                           !normalised.contains(operand) &&
-                          !(producer && decisions.count(producer) &&
-                            decision(producer).low);
+                          !(producer && decision(producer).low);
     }
     for (Value result : op->getResults()) {
       if (shlo::isConstant(op) ||
@@ -684,20 +683,20 @@ PrecisionAnalysis::ValueKinds PrecisionAnalysis::classifyValues() const {
   return kinds;
 }
 
-void PrecisionAnalysis::decideStorage(ModuleOp module) {
+void PrecisionAnalysis::decideStorage() {
   ValueKinds kinds = classifyValues();
   const llvm::DenseSet<Value> &statistics = kinds.statistics;
   const llvm::DenseSet<Value> &constants = kinds.constants;
-  // Position of each op in its block: the matrix multiplies before it.
+  // Position of each op in its block: the matrix multiplies before it
+  // (`order` lists each block's ops in program order).
   llvm::DenseMap<Operation *, int64_t> gemmsBefore;
-  module.walk([&](Block *block) {
-    int64_t gemms = 0;
-    for (Operation &op : *block) {
-      gemmsBefore[&op] = gemms;
-      if (decisions.count(&op) && decision(&op).cls == OpClass::Allow)
-        ++gemms;
-    }
-  });
+  llvm::DenseMap<Block *, int64_t> gemmsInBlock;
+  for (Operation *op : order) {
+    int64_t &gemms = gemmsInBlock[op->getBlock()];
+    gemmsBefore[op] = gemms;
+    if (decision(op).cls == OpClass::Allow)
+      ++gemms;
+  }
   // Rebuildable: what a cheap elementwise or data-movement op makes of
   // arguments, constants, statistics, stored values and other rebuildable
   // values (layer norm's x - mean and its normalised x, softmax's e / sum).

@@ -122,7 +122,7 @@ private:
     llvm::DenseSet<Value> normalised; ///< f32 data centred by a statistic
   };
   ValueKinds classifyValues() const;
-  void decideStorage(ModuleOp module);
+  void decideStorage();
   bool isCheapToRebuild(Operation *op) const;
   bool mayStoreLow(Value value, const llvm::DenseSet<Value> &statistics,
                    const llvm::DenseMap<Operation *, int64_t> &gemmsBefore)

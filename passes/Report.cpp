@@ -59,7 +59,7 @@ llvm::json::Object decisionJson(Operation *op, DictionaryAttr decision) {
 namespace {
 /// A float-to-float convert that widens (or narrows) its operand.
 bool isFloatConvert(Operation *op, bool widening) {
-  if (!shlo::is(op, "convert") || op->getNumOperands() != 1)
+  if (!shlo::isConvert(op) || op->getNumOperands() != 1)
     return false;
   FloatType from = shlo::getFloatElementType(op->getOperand(0).getType());
   FloatType to = shlo::getFloatElementType(op->getResult(0).getType());

@@ -23,8 +23,6 @@ using namespace mlir::amp;
 
 namespace {
 
-constexpr llvm::StringLiteral kConvertName = "stablehlo.convert";
-
 /// True if every value of `from` is exactly representable in `to`.
 bool isExactWidening(Type from, Type to) {
   auto fromFloat = shlo::getFloatElementType(from);
@@ -39,7 +37,7 @@ bool isExactWidening(Type from, Type to) {
 /// subclasses see only well-formed (unary) converts.
 struct ConvertPattern : RewritePattern {
   explicit ConvertPattern(MLIRContext *context, PatternBenefit benefit = 1)
-      : RewritePattern(kConvertName, benefit, context) {}
+      : RewritePattern(shlo::kConvertOpName, benefit, context) {}
 
   LogicalResult matchAndRewrite(Operation *op,
                                 PatternRewriter &rewriter) const final {

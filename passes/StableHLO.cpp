@@ -189,6 +189,16 @@ llvm::SmallVector<llvm::StringRef> shlo::nearestOpNames(llvm::StringRef name,
   return nearest;
 }
 
+llvm::Expected<std::string> shlo::checkedOpName(llvm::StringRef option,
+                                                llvm::StringRef name) {
+  std::string qualified = qualifiedOpName(name);
+  if (isKnownOpName(qualified))
+    return qualified;
+  return llvm::createStringError("invalid option '" + option +
+                                 "': unknown op '" + name + "' (nearest: " +
+                                 llvm::join(nearestOpNames(name), ", ") + ")");
+}
+
 bool shlo::isControlFlow(Operation *op) {
   return is(op, "while") || is(op, "if") || is(op, "case");
 }
@@ -227,19 +237,6 @@ llvm::StringRef shlo::compositeName(Operation *op) {
     return {};
   auto name = dyn_cast_or_null<StringAttr>(getAttr(op, "name"));
   return name ? name.getValue() : llvm::StringRef();
-}
-
-llvm::StringRef shlo::comparisonDirection(Operation *op) {
-  if (!is(op, "compare") && !isChlo(op, "broadcast_compare"))
-    return {};
-  // `#stablehlo<comparison_direction GT>`, opaque without the dialect.
-  auto attr =
-      dyn_cast_or_null<OpaqueAttr>(getAttr(op, "comparison_direction"));
-  if (!attr)
-    return {};
-  llvm::StringRef data = attr.getAttrData();
-  data.consume_front("comparison_direction");
-  return data.trim();
 }
 
 //===----------------------------------------------------------------------===//

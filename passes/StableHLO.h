@@ -17,6 +17,7 @@
 #include "mlir/IR/Operation.h"
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
+#include "llvm/Support/Error.h"
 
 #include <optional>
 #include <string>
@@ -49,6 +50,12 @@ bool isKnownOpName(llvm::StringRef qualifiedName);
 /// "did you mean" errors.
 llvm::SmallVector<llvm::StringRef> nearestOpNames(llvm::StringRef name,
                                                   unsigned limit = 3);
+/// The qualified name of an op named in `option` (keep-f32, ...), or an
+/// error naming the option, the unknown name and the nearest known ones.
+llvm::Expected<std::string> checkedOpName(llvm::StringRef option,
+                                          llvm::StringRef name);
+
+inline constexpr llvm::StringLiteral kConvertOpName = "stablehlo.convert";
 
 inline bool isConvert(Operation *op) { return is(op, "convert"); }
 inline bool isConstant(Operation *op) { return is(op, "constant"); }
@@ -77,8 +84,6 @@ llvm::StringRef customCallTarget(Operation *op);
 FlatSymbolRefAttr compositeDecomposition(Operation *op);
 /// The name of a `stablehlo.composite` ("chlo.top_k"), or empty.
 llvm::StringRef compositeName(Operation *op);
-/// The comparison direction of a `stablehlo.compare` ("GT"), or empty.
-llvm::StringRef comparisonDirection(Operation *op);
 
 //===----------------------------------------------------------------------===//
 // Operand roles

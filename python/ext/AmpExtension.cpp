@@ -184,15 +184,8 @@ std::string canonicalChoice(const std::string &option, const std::string &value,
 std::vector<std::string> checkOpNames(const std::string &option,
                                       const std::vector<std::string> &names) {
   std::vector<std::string> qualified;
-  for (const std::string &name : names) {
-    std::string full = amp::shlo::qualifiedOpName(name);
-    if (!amp::shlo::isKnownOpName(full))
-      throw nb::value_error(
-          ("unknown op '" + name + "' in " + option + " (nearest: " +
-           llvm::join(amp::shlo::nearestOpNames(name), ", ") + ")")
-              .c_str());
-    qualified.push_back(full);
-  }
+  for (const std::string &name : names)
+    qualified.push_back(valueOrRaise(amp::shlo::checkedOpName(option, name)));
   return qualified;
 }
 

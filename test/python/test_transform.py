@@ -624,7 +624,7 @@ def test_a_string_is_one_op_name(option):
   assert as_string.report().lowered == as_list.report().lowered
   # Not split at commas: "tanh,exponential" is one (unknown) name.
   with pytest.raises(ValueError,
-                     match=rf"unknown op 'tanh,exponential' in {option} "):
+                     match=rf"invalid option '{option}': unknown op 'tanh,exponential' "):
     amp.transform(_two_layers, **{option: "tanh,exponential"})
 
 
@@ -636,7 +636,7 @@ def test_a_string_is_one_op_name(option):
 def test_unknown_op_names_list_the_nearest(option, name, nearest):
   bad = name if isinstance(name, str) else name[-1]
   with pytest.raises(ValueError, match=re.escape(
-      f"unknown op '{bad}' in {option} (nearest: {nearest}")):
+      f"invalid option '{option}': unknown op '{bad}' (nearest: {nearest}")):
     amp.transform(_two_layers, **{option: name})
 
 
