@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -88,6 +88,8 @@ def short_location(loc: str) -> str:
 
 # The pseudo-group of the storage decision (group ids are >= 0).
 STORAGE_GROUP = -1
+# The reasons of the matrix multiplies that open calibration groups.
+_GROUP_ROOT_REASONS = ("matrix_multiply", "matrix_multiply_compute")
 
 
 def load_inputs(path: str) -> list[np.ndarray]:
@@ -177,9 +179,8 @@ def calibrate(module: ir.Module, policy: Policy, options: pl.RewriteOptions,
   base, base_error = error_of(())
   report = base.report
   groups = {d.group: short_location(d.loc) for d in report.decisions
-            if d.group is not None and d.op.endswith(("dot_general",
-                                                      "convolution"))
-            and d.precision == "low"}
+            if d.group is not None and d.precision == "low"
+            and d.reason_id in _GROUP_ROOT_REASONS}
   if options.storage != "f32" and any(d.stored for d in report.decisions):
     # Rounding stored results is an error source of its own: a candidate
     # like the groups, so calibration can reach f32 when it must.

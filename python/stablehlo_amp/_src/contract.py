@@ -65,18 +65,5 @@ def reason_text(reason_id: str) -> str:
   return document()["decisions"]["reasons"][reason_id]
 
 
-def dtype_names() -> tuple[str, ...]:
-  """Canonical names of the policy dtypes ("f32", "bf16", ...)."""
-  return tuple(d["name"] for d in document()["policy"]["dtypes"])
-
-
-def storage_default(target: str) -> str:
-  return document()["passes"][INSERT_CONVERTS]["storage_defaults"][target]
-
-
 def policy_grammar() -> str:
   return document()["policy"]["grammar"]
-
-
-def op_names() -> tuple[str, ...]:
-  return tuple(document()["op_names"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import re
 from typing import Any, Callable, Iterable, Sequence
 
@@ -90,18 +89,26 @@ class RewriteOptions:
   force_compute: tuple[str, ...] = ()
   keep_groups: tuple[int, ...] = ()
   # amp-fp8-gemms, run when the policy has gemm=f8...: per-tensor scaling
-  # from this step's amax ("current") or an amax history ("delayed").
-  fp8_scaling: str = "current"
-  amax_history: int = 16
+  # from this step's amax ("current") or an amax history ("delayed"); the
+  # defaults are the pass's.
+  fp8_scaling: str = dataclasses.field(
+      default_factory=lambda: contract.default(contract.FP8_GEMMS, "scaling"))
+  amax_history: int = dataclasses.field(
+      default_factory=lambda: contract.default(contract.FP8_GEMMS,
+                                               "amax-history"))
 
   @classmethod
   def make(cls, *, level: str | None = None, target: str | None = None,
            dot_result: str | None = None, storage: str | None = None,
            keep_f32: str | Iterable[str] | None = (),
            force_compute: str | Iterable[str] | None = (),
-           keep_groups: Iterable[int] = (), fp8_scaling: str = "current",
-           amax_history: int = 16) -> "RewriteOptions":
+           keep_groups: Iterable[int] = (), fp8_scaling: str | None = None,
+           amax_history: int | None = None) -> "RewriteOptions":
     pass_name = contract.INSERT_CONVERTS
+    if fp8_scaling is None:
+      fp8_scaling = contract.default(contract.FP8_GEMMS, "scaling")
+    if amax_history is None:
+      amax_history = contract.default(contract.FP8_GEMMS, "amax-history")
 
     def choice(name: str, value: str | None, target_name: str = "gpu") -> str:
       option = name.replace("_", "-")
@@ -312,9 +319,7 @@ class RewriteResult:
       version = self.form.version or jax_compat.current_stablehlo_version()
       return jax_compat.serialize_portable_artifact(self.module, version)
     if emit == "bytecode":
-      buffer = io.BytesIO()
-      self.module.operation.write_bytecode(buffer)
-      return buffer.getvalue()
+      return jax_compat.bytecode_of(self.module)
     return self.module.operation.get_asm(
         print_generic_op_form=emit == "generic", enable_debug_info=debug_info)
 
@@ -325,8 +330,9 @@ def generic_text(module: ir.Module, source_name: str) -> str:
                                enable_debug_info=True), source_name)
 
 
-def _run(generic: str, pipeline: str, *, context: ir.Context,
-         source_name: str, report: bool) -> tuple[ir.Module, str, list[str]]:
+def _run_passes(generic: str, pipeline: str, *, source_name: str,
+                report: bool) -> tuple[str, str, list[str]]:
+  """(output text, report JSON, diagnostics) of the C++ pipeline."""
   ok, output, report_json, diagnostics = _amp.run_pipeline(
       generic, pipeline, source_name, report)
   diagnostics = [_format_pass_diagnostic(d, source_name) for d in diagnostics]
@@ -334,6 +340,13 @@ def _run(generic: str, pipeline: str, *, context: ir.Context,
     raise RewriteError("\n".join(diagnostics) or
                        f"{source_name}: error: the pipeline failed",
                        diagnostics)
+  return output, report_json, diagnostics
+
+
+def _run(generic: str, pipeline: str, *, context: ir.Context,
+         source_name: str) -> tuple[ir.Module, list[str]]:
+  output, _, diagnostics = _run_passes(generic, pipeline,
+                                       source_name=source_name, report=False)
   try:
     # Parsing verifies (MLIR's verifyAfterParse; the verification-failure
     # tests of test_transform.py check it on each JAX they run on): a
@@ -346,33 +359,29 @@ def _run(generic: str, pipeline: str, *, context: ir.Context,
         "stablehlo-amp produced a module that fails StableHLO verification "
         f"(pipeline {pipeline}); please report this:\n" + "\n".join(details),
         details) from None
-  return rewritten, report_json, diagnostics
+  return rewritten, diagnostics
 
 
 def run_pipeline(module: ir.Module, pipeline: str, *, context: ir.Context,
                  source_name: str, report_pipeline: str | None = None,
-                 report_info: dict | None = None, eager_report: bool = False,
+                 report_info: dict | None = None,
                  form: SourceForm | None = None) -> RewriteResult:
   """Runs `pipeline` on `module` in process and verifies the result.
 
   `report_pipeline` is the same pipeline with decisions attached; it runs
-  on demand (or at once with `eager_report`) to build the report."""
+  on demand to build the report (its module is not needed again)."""
   generic = generic_text(module, source_name)
-  rewritten, report_json, diagnostics = _run(
-      generic, pipeline, context=context, source_name=source_name,
-      report=False)
+  rewritten, diagnostics = _run(generic, pipeline, context=context,
+                                source_name=source_name)
 
   def make_report() -> Report:
-    with context:
-      _, json_text, _ = _run(generic, report_pipeline, context=context,
-                             source_name=source_name, report=True)
+    _, json_text, _ = _run_passes(generic, report_pipeline,
+                                  source_name=source_name, report=True)
     return Report.from_json(json_text, **report_info)
 
   maker = make_report if report_pipeline else None
   result = RewriteResult(rewritten, pipeline, diagnostics,
                          make_report=maker, form=form)
-  if eager_report and maker:
-    result.report  # pylint: disable=pointless-statement
   return result
 
 
@@ -416,7 +425,7 @@ def mark_arguments(module: ir.Module, marks: dict[int, list[str]],
 
 def rewrite_module(source: str | bytes | ir.Module, policy: Policy | str,
                    options: RewriteOptions | None = None, *,
-                   report: bool = True, eager_report: bool = False,
+                   report: bool = True,
                    source_name: str = "<module>",
                    context: ir.Context | None = None,
                    loss_scale: dict[str, Any] | None = None,
@@ -444,7 +453,7 @@ def rewrite_module(source: str | bytes | ir.Module, policy: Policy | str,
         report_pipeline=(build_pipeline(policy, options, report=True,
                                         loss_scale=loss_scale)
                          if report else None),
-        report_info=info, eager_report=eager_report, form=form)
+        report_info=info, form=form)
 
 
 def rewrite(mlir_text: str | bytes, policy: Policy | str = "p=f32,c=bf16,o=f32",

@@ -9,7 +9,6 @@ loss-scale pass appended, called with flat leaves.
 from __future__ import annotations
 
 import dataclasses
-import io
 import time
 import warnings
 from typing import Any, Callable, Sequence
@@ -238,9 +237,7 @@ def _lower(jitted: Callable, args: Sequence, kwargs: dict):
   # Custom-call targets are plain strings in MLIR bytecode's string table;
   # writing bytecode costs about a tenth of printing text (20k ops: 0.015 s
   # against 0.13 s).
-  buffer = io.BytesIO()
-  module.operation.write_bytecode(buffer)
-  bytecode = buffer.getvalue()
+  bytecode = jax_compat.bytecode_of(module)
   if any(target.encode() in bytecode for target in _HOST_CALLBACKS):
     raise pl.RewriteError("it calls back into Python (a host callback), "
                           "which cannot move to another program")

@@ -407,6 +407,8 @@ class _OuterJit:
                  if compiler_options else self._plain)
 
   def __call__(self, *args, **kwargs):
+    if self._top is self._plain:  # no compiler options: nothing to choose
+      return self._plain(*args, **kwargs)
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     nested = any(isinstance(x, jax.core.Tracer) for x in leaves)
     return (self._plain if nested else self._top)(*args, **kwargs)
