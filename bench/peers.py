@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp

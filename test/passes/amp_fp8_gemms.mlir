@@ -19,6 +19,8 @@
 
 // Without amp-insert-converts there is no decision to add the FP8 one to.
 // NOREPORT-NOT: amp.decision
+// NOREPORT: "stablehlo.dot_general"
+// NOREPORT-NOT: amp.decision
 
 //--- dots.mlir
 

@@ -5,7 +5,6 @@ the pass sources keep their functions short."""
 
 from __future__ import annotations
 
-import json
 import pathlib
 import re
 

@@ -121,13 +121,14 @@ def _held_out_loss(policy: str, seed: int, steps: int) -> tuple[float, dict]:
 
 def test_mlp_trains_in_fp8_to_a_held_out_loss_close_to_bf16():
   """3 seeds, 150 Adam steps: FP8 (e4m3fn forward, e5m2 gradients, current
-  scaling) ends within 0.05 of bf16's held-out loss on average."""
+  scaling) ends within 5e-3 of bf16's held-out loss on average (the issue's
+  bound is 0.05; the loss itself is about 0.09, and FP8 lands within 1e-4)."""
   differences = []
   for seed in range(3):
     fp8, report = _held_out_loss(F8, seed, 150)
     bf16, _ = _held_out_loss(BF16, seed, 150)
     differences.append(fp8 - bf16)
-  assert abs(np.mean(differences)) <= 0.05, differences
+  assert abs(np.mean(differences)) <= 5e-3, differences
   formats = sorted(d.gemm for d in report.fp8_gemms)
   # Forward: e4m3 x e4m3; backward: one e5m2 gradient operand per dot.
   assert formats.count("f8e4m3fn x f8e4m3fn, current scaling") == 2
@@ -157,7 +158,7 @@ def test_mlp_trains_with_delayed_scaling_like_current_scaling():
     delayed = float(np.mean([evaluate(state.params, b) for b in held_out]))
     bf16, _ = _held_out_loss(BF16, seed, 150)
     differences.append(delayed - bf16)
-  assert abs(np.mean(differences)) <= 0.05, differences
+  assert abs(np.mean(differences)) <= 5e-3, differences
   report = step.lower(state, train[0]).report()
   assert all(d.gemm.endswith("delayed scaling") for d in report.fp8_gemms)
 
