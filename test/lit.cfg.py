@@ -1,6 +1,6 @@
 # lit configuration for the stablehlo-amp FileCheck tests.
 #
-# `make lit` runs `lit -sv test/passes test/cli test/plugin`; lit walks up to
+# `make lit` runs `lit -sv test` (passes, pipeline, cli, plugin); lit walks up to
 # this file for each of those directories. Tools resolve through PATH: the
 # environment of the Python running lit (its `amp-opt`) first, then LLVM 22
 # (`FileCheck`, `mlir-opt`, `not`), then whatever PATH lit was started with.
