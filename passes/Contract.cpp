@@ -209,11 +209,12 @@ llvm::json::Object policyJson() {
 llvm::json::Object passesJson() {
   AmpInsertConvertsPassOptions convert;
   AmpLossScalePassOptions scale;
-  llvm::json::Object storageDefaults, levelDefaults;
+  llvm::json::Object storageDefaults, levelDefaults, rematDefaults;
   for (llvm::StringRef name : targetNames()) {
     Target target = llvm::cantFail(parseTarget(name));
     storageDefaults[name] = storageName(defaultStorage(target));
     levelDefaults[name] = levelName(defaultLevel(target));
+    rematDefaults[name] = defaultRematerialize(target);
   }
   llvm::json::Object insertConverts{
       {"policy", option(convert.policy)},
@@ -224,6 +225,7 @@ llvm::json::Object passesJson() {
       {"keep-f32", option(llvm::json::Array())},
       {"force-compute", option(llvm::json::Array())},
       {"keep-groups", option(llvm::json::Array())},
+      {"strict", option(convert.strict)},
       {"report", option(convert.report)},
   };
   AmpFp8GemmsPassOptions fp8;
@@ -232,6 +234,11 @@ llvm::json::Object passesJson() {
       {"scaling", option(fp8.scaling, {"current", "delayed"})},
       {"amax-history", option(fp8.amaxHistory)},
       {"report", option(fp8.report)},
+  };
+  AmpRematerializePassOptions remat;
+  llvm::json::Object rematerialize{
+      {"min-elements", option(remat.minElements)},
+      {"max-ops", option(remat.maxOps)},
   };
   llvm::json::Object lossScale{
       {"mode", option(scale.mode, lossScaleModeNames())},
@@ -250,6 +257,9 @@ llvm::json::Object passesJson() {
                           {"storage_defaults", std::move(storageDefaults)},
                           {"level_defaults", std::move(levelDefaults)}}},
       {"amp-fp8-gemms", llvm::json::Object{{"options", std::move(fp8Gemms)}}},
+      {"amp-rematerialize",
+       llvm::json::Object{{"options", std::move(rematerialize)},
+                          {"target_defaults", std::move(rematDefaults)}}},
       {"amp-loss-scale", llvm::json::Object{{"options", std::move(lossScale)}}},
       {"amp-simplify-converts", llvm::json::Object{{"options",
                                                     llvm::json::Object{}}}},
@@ -298,6 +308,8 @@ std::string mlir::amp::contractJson() {
       {"cotangent", attr::kCotangent},
       {"amax_history", attr::kAmaxHistory},
       {"inserted", attr::kInserted},
+      {"stored_marker", attr::kStoredMarker},
+      {"fp8_marker", attr::kFp8Marker},
   };
   llvm::json::Object contract{
       {"policy", policyJson()},

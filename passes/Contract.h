@@ -54,11 +54,17 @@ inline constexpr llvm::StringLiteral kLossScaleCounter =
     "amp.loss_scale_counter";
 inline constexpr llvm::StringLiteral kGradsFinite = "amp.grads_finite";
 /// With `report=true`: the decision taken for an op (a dictionary with
-/// `precision`, `reason`, and optionally `detail`, `group`, `stored`,
-/// `gemm`), and a unit attribute on each convert the pass inserted. Read and
-/// removed by the extension's report.
+/// `precision`, `reason`, and optionally `detail`, `group`, `stored` and
+/// `fp8` (the index of the value's or dot's survival marker), `gemm`), and
+/// a unit attribute on each convert the pass inserted. Read and removed by
+/// the extension's report.
 inline constexpr llvm::StringLiteral kDecision = "amp.decision";
 inline constexpr llvm::StringLiteral kInserted = "amp.inserted";
+/// XLA frontend attributes naming the rounding convert of the N-th value
+/// stored low, and the N-th FP8 dot (program order), so the compiled
+/// program can be checked for them (`mhlo.frontend_attributes`).
+inline constexpr llvm::StringLiteral kStoredMarker = "amp_stored";
+inline constexpr llvm::StringLiteral kFp8Marker = "amp_fp8";
 } // namespace attr
 
 //===----------------------------------------------------------------------===//

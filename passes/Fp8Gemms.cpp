@@ -1,13 +1,14 @@
 //===- Fp8Gemms.cpp - Scaled FP8 operands for eligible matrix multiplies --===//
 //
-// amp-fp8-gemms: the quantize-dequantize pattern (convert to FP8 of a
-// clamped, scaled value; convert back times the scale) that XLA's GPU GEMM
-// rewriter turns into a cuBLASLt FP8 GEMM on Hopper, built around each
-// eligible dot. XLA:CPU emulates the converts, so the numerics can be tested
-// anywhere.
+// amp-fp8-gemms: each eligible dot becomes a dot of per-tensor scaled FP8
+// operands (convert to FP8 of a clamped, scaled value) accumulating in f32,
+// times the product of the scales: the form XLA:GPU keeps as an FP8 GEMM on
+// Hopper under its default passes. XLA:CPU runs it upcast, so the numerics
+// can be tested anywhere.
 //
 //===----------------------------------------------------------------------===//
 
+#include "Backward.h"
 #include "Contract.h"
 #include "Passes.h"
 #include "Policy.h"
@@ -89,16 +90,29 @@ private:
   Scaling scalingMode = Scaling::Current;
   std::string optionError;
 
-  llvm::DenseSet<Value> gradientValues(ModuleOp module);
   OperandPlan planOperand(Value operand,
                           const llvm::DenseSet<Value> &gradients);
   /// The f32 amax the scale comes from for `operand` of a dot in `main`
   /// (delayed: from a history appended to main; else current).
   Value referenceAmax(OpBuilder &builder, Location loc, Value currentAmax,
                       func::FuncOp main, bool topLevel);
-  Value quantizeDequantize(OpBuilder &builder, Operation *dot, Value operand,
-                           const OperandPlan &plan, func::FuncOp main);
-  void annotate(Operation *dot, llvm::StringRef text);
+  /// An operand in FP8 and the f32 scalar it was divided by.
+  struct Quantized {
+    Value value;
+    Value scale;
+  };
+  Value widened(OpBuilder &builder, Location loc, Value operand);
+  Quantized quantize(OpBuilder &builder, Operation *dot, Value operand,
+                     const OperandPlan &plan, func::FuncOp main);
+  void replaceWithFp8Dot(OpBuilder &builder, Operation *dot,
+                         const Quantized &lhs, const Quantized &rhs);
+  /// FP8 dots made so far, in program order (their survival markers).
+  unsigned fp8DotCount = 0;
+
+  /// Adds the FP8 decision to `dot`'s report attribute; `marker` is the
+  /// index of its survival marker (replaceWithFp8Dot).
+  void annotate(Operation *dot, llvm::StringRef text,
+                std::optional<int64_t> marker = std::nullopt);
 };
 
 LogicalResult Fp8GemmsPass::initialize(MLIRContext *context) {
@@ -117,39 +131,6 @@ LogicalResult Fp8GemmsPass::initialize(MLIRContext *context) {
     optionError = "invalid option 'amax-history': must be at least 1, got " +
                   std::to_string(amaxHistory);
   return success();
-}
-
-/// Values derived from the loss cotangent seed or from a cotangent argument:
-/// the backward pass. A dot reading one computes a gradient.
-llvm::DenseSet<Value> Fp8GemmsPass::gradientValues(ModuleOp module) {
-  llvm::DenseSet<Value> tainted;
-  for (auto func : module.getOps<func::FuncOp>()) {
-    if (!func.isPublic() || func.isExternal())
-      continue;
-    for (unsigned i = 0, e = func.getNumArguments(); i < e; ++i)
-      if (func.getArgAttr(i, attr::kLossSeed) ||
-          func.getArgAttr(i, attr::kCotangent))
-        tainted.insert(func.getArgument(i));
-  }
-  module.walk<WalkOrder::PreOrder>([&](Operation *op) {
-    bool any = llvm::any_of(op->getOperands(),
-                            [&](Value v) { return tainted.contains(v); });
-    if (!any)
-      return;
-    // An optimization barrier passes each operand through to its result.
-    if (shlo::is(op, "optimization_barrier")) {
-      for (auto [operand, result] :
-           llvm::zip(op->getOperands(), op->getResults()))
-        if (tainted.contains(operand))
-          tainted.insert(result);
-      return;
-    }
-    tainted.insert(op->result_begin(), op->result_end());
-    for (Region &region : op->getRegions())
-      for (Block &block : region)
-        tainted.insert(block.args_begin(), block.args_end());
-  });
-  return tainted;
 }
 
 OperandPlan Fp8GemmsPass::planOperand(Value operand,
@@ -213,9 +194,9 @@ Value Fp8GemmsPass::referenceAmax(OpBuilder &builder, Location loc,
   return reference;
 }
 
-Value Fp8GemmsPass::quantizeDequantize(OpBuilder &builder, Operation *dot,
-                                       Value operand, const OperandPlan &plan,
-                                       func::FuncOp main) {
+Fp8GemmsPass::Quantized
+Fp8GemmsPass::quantize(OpBuilder &builder, Operation *dot, Value operand,
+                       const OperandPlan &plan, func::FuncOp main) {
   Location loc = dot->getLoc();
   Type f32 = builder.getF32Type();
   auto type = cast<RankedTensorType>(operand.getType());
@@ -227,9 +208,7 @@ Value Fp8GemmsPass::quantizeDequantize(OpBuilder &builder, Operation *dot,
   auto op = [&](llvm::StringRef name, ValueRange operands) {
     return shlo::buildElementwise(builder, loc, name, operands);
   };
-  Value wide = shlo::getFloatElementType(type) == f32
-                   ? operand
-                   : shlo::buildConvert(builder, loc, operand, f32);
+  Value wide = widened(builder, loc, operand);
   Value amax = shlo::buildReduceAll(builder, loc, op("abs", {wide}),
                                     "maximum", 0.0);
   bool topLevel = dot->getParentOp() == main.getOperation();
@@ -242,22 +221,65 @@ Value Fp8GemmsPass::quantizeDequantize(OpBuilder &builder, Operation *dot,
                                                                 f32Type)});
   Value clamped = shlo::buildClamp(builder, loc, scalar(-fmax), scaled,
                                    scalar(fmax));
-  Value quantized = shlo::buildConvert(builder, loc, clamped, plan.format);
-  // Back to the compute dtype, unless its range cannot hold every scale
-  // (f16: a scale below 6e-8 would flush to zero).
-  FloatType element = shlo::getFloatElementType(type);
-  Type dequantized = element.isF16() ? f32 : element;
-  Value scaleBack = dequantized == f32
-                        ? scale
-                        : shlo::buildConvert(builder, loc, scale, dequantized);
-  auto dequantizedType = RankedTensorType::get(type.getShape(), dequantized);
-  return op("multiply",
-            {shlo::buildConvert(builder, loc, quantized, dequantized),
-             shlo::buildBroadcastScalar(builder, loc, scaleBack,
-                                        dequantizedType)});
+  return {shlo::buildConvert(builder, loc, clamped, plan.format), scale};
 }
 
-void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text) {
+/// `operand` in f32, for quantizing. A low-precision operand that is the
+/// rounding of an f32 value is not widened again: XLA folds the convert
+/// chain f32 -> bf16 -> f32 into the f32 original anyway. A value stored
+/// low is read back through its barrier, so that the quantizer, which may
+/// run late (in the backward pass), reads the stored copy and the f32
+/// original dies young; any other value is widened.
+Value Fp8GemmsPass::widened(OpBuilder &builder, Location loc, Value operand) {
+  Type f32 = builder.getF32Type();
+  if (shlo::getFloatElementType(operand.getType()) == f32)
+    return operand;
+  Operation *rounding = operand.getDefiningOp();
+  if (rounding && shlo::isConvert(rounding) &&
+      shlo::getFloatElementType(rounding->getOperand(0).getType()) == f32) {
+    for (Operation *user : operand.getUsers())
+      if (shlo::isOptimizationBarrier(user))
+        for (Operation *reader : user->getResult(0).getUsers())
+          if (shlo::isConvert(reader) &&
+              shlo::getFloatElementType(reader->getResult(0).getType()) == f32)
+            return reader->getResult(0);
+    return rounding->getOperand(0);
+  }
+  return shlo::buildConvert(builder, loc, operand, f32);
+}
+
+/// `dot` on FP8 operands, accumulating in f32, times the product of the two
+/// scales, in the dot's own result type. The FP8 values feed the dot with
+/// no convert between them: XLA:GPU's simplify-fp-conversions removes any
+/// chain of converts (so f32 -> f8 -> bf16 would become f32 -> bf16), while
+/// an FP8 dot is kept by both of its GEMM paths (Triton's FP8 GEMM fusion
+/// and cuBLASLt's FP8 GEMM); XLA:CPU runs it upcast to f32, exactly.
+void Fp8GemmsPass::replaceWithFp8Dot(OpBuilder &builder, Operation *dot,
+                                     const Quantized &lhs,
+                                     const Quantized &rhs) {
+  Location loc = dot->getLoc();
+  auto resultType = cast<RankedTensorType>(dot->getResult(0).getType());
+  auto f32Result = RankedTensorType::get(resultType.getShape(),
+                                         builder.getF32Type());
+  Value product =
+      shlo::buildDotGeneral(builder, dot, lhs.value, rhs.value,
+                            *shlo::getDotDimensions(dot), f32Result);
+  Value scale = shlo::buildElementwise(builder, loc, "multiply",
+                                       {lhs.scale, rhs.scale});
+  Value result = shlo::buildElementwise(
+      builder, loc, "multiply",
+      {product, shlo::buildBroadcastScalar(builder, loc, scale, f32Result)});
+  if (resultType.getElementType() != f32Result.getElementType())
+    result = shlo::buildConvert(builder, loc, result,
+                                resultType.getElementType());
+  shlo::setFrontendAttribute(product.getDefiningOp(), attr::kFp8Marker,
+                             std::to_string(fp8DotCount++));
+  dot->getResult(0).replaceAllUsesWith(result);
+  dot->erase();
+}
+
+void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text,
+                            std::optional<int64_t> marker) {
   if (!report)
     return;
   auto decision = dot->getAttrOfType<DictionaryAttr>(attr::kDecision);
@@ -265,6 +287,9 @@ void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text) {
     return;
   NamedAttrList fields(decision);
   fields.set("gemm", StringAttr::get(&getContext(), text));
+  if (marker)
+    fields.set("fp8", IntegerAttr::get(IntegerType::get(&getContext(), 64),
+                                       *marker));
   dot->setAttr(attr::kDecision, fields.getDictionary(&getContext()));
 }
 
@@ -275,7 +300,8 @@ void Fp8GemmsPass::runOnOperation() {
     return signalPassFailure();
   }
   auto main = module.lookupSymbol<func::FuncOp>("main");
-  llvm::DenseSet<Value> gradients = gradientValues(module);
+  fp8DotCount = 0;
+  llvm::DenseSet<Value> gradients = backwardValues(module);
   llvm::SmallVector<Operation *> dots;
   module.walk([&](Operation *op) {
     if (!shlo::isDotGeneral(op))
@@ -306,20 +332,21 @@ void Fp8GemmsPass::runOnOperation() {
       continue;
     }
     OpBuilder builder(dot);
-    std::string formats, separator;
     bool delayed = scalingMode == Scaling::Delayed && main &&
                    dot->getParentOp() == main.getOperation();
-    for (OpOperand &operand : dot->getOpOperands()) {
-      const OperandPlan &plan = plans[operand.getOperandNumber()];
-      Value replacement =
-          quantizeDequantize(builder, dot, operand.get(), plan,
-                             delayed ? main : func::FuncOp());
+    llvm::SmallVector<Quantized, 2> operands;
+    std::string formats, separator;
+    for (auto [operand, plan] : llvm::zip(dot->getOperands(), plans)) {
+      operands.push_back(quantize(builder, dot, operand, plan,
+                                  delayed ? main : func::FuncOp()));
       formats += separator + (isa<Float8E5M2Type>(plan.format) ? "f8e5m2"
                                                                : "f8e4m3fn");
       separator = " x ";
-      operand.set(replacement);
     }
-    annotate(dot, formats + (delayed ? ", delayed scaling" : ", current scaling"));
+    annotate(dot,
+             formats + (delayed ? ", delayed scaling" : ", current scaling"),
+             fp8DotCount);
+    replaceWithFp8Dot(builder, dot, operands[0], operands[1]);
   }
 }
 

@@ -38,7 +38,7 @@ public:
   ConvertRewriter(ModuleOp module, const PrecisionAnalysis &analysis,
                   bool annotate)
       : module(module), analysis(analysis), annotate(annotate),
-        builder(module.getContext()) {}
+        strict(analysis.options().strict), builder(module.getContext()) {}
 
   /// Applies the decisions; returns whether float constants saturated.
   bool run();
@@ -47,11 +47,15 @@ private:
   struct PendingUse {
     OpOperand *operand;
     Type wanted;
+    /// Strict: the user computes in f32 on a value rounded to the compute
+    /// dtype's precision (`wanted` is the f32 type).
+    bool rounded = false;
   };
 
   ModuleOp module;
   const PrecisionAnalysis &analysis;
   bool annotate;
+  bool strict;
   OpBuilder builder;
   bool saturated = false;
   // The plan.
@@ -62,8 +66,19 @@ private:
   llvm::SmallVector<Operation *> lowConstants;
   /// One convert per (value, type).
   llvm::DenseMap<std::pair<Value, Type>, Value> converted;
+  /// Strict: results in the compute dtype kept f32 (program order), and the
+  /// values known to hold compute-dtype values in f32.
+  llvm::SmallVector<Value> heldFull;
+  llvm::DenseSet<Value> roundedValues;
+  /// Strict: one reduce_precision per value.
+  llvm::DenseMap<Value, Value> roundings;
 
   bool isLowConstant(Value value) const;
+  bool isHeldFull(Value value) const;
+  bool wantsRounded(OpOperand &operand, Type wanted) const;
+  bool isRounded(Value value) const;
+  void roundHeldResults();
+  Value roundOnce(Value value);
   Type physicalType(Value value) const;
   void plan();
   void planCapturedUses(Operation *op);
@@ -89,7 +104,79 @@ bool ConvertRewriter::isLowConstant(Value value) const {
 }
 
 Type ConvertRewriter::physicalType(Value value) const {
-  return isLowConstant(value) ? value.getType() : analysis.newType(value);
+  return isLowConstant(value) || isHeldFull(value) ? value.getType()
+                                                   : analysis.newType(value);
+}
+
+// Strict: what an op without regions computes in the compute dtype stays
+// f32, rounded right after by a reduce_precision (roundHeldResults). XLA
+// computes low-precision arithmetic in f32 and may drop the roundings in
+// between (excess precision); it never drops a reduce_precision.
+bool ConvertRewriter::isHeldFull(Value value) const {
+  Operation *def = value.getDefiningOp();
+  return strict && def && def->getNumRegions() == 0 &&
+         !shlo::isConstant(def) && analysis.isDecided(def) &&
+         shlo::getFloatElementType(value.getType()) == analysis.fullType() &&
+         shlo::getFloatElementType(analysis.newType(value)) ==
+             analysis.computeType();
+}
+
+// Strict: a painted op that computes elementwise reads its low-precision
+// operands as rounded f32 values; matrix multiplies, converts, ops with
+// regions and returns take real compute-dtype values.
+bool ConvertRewriter::wantsRounded(OpOperand &operand, Type wanted) const {
+  Operation *user = operand.getOwner();
+  if (!strict || user->getNumRegions() != 0 || !analysis.isDecided(user) ||
+      shlo::getFloatElementType(wanted) != analysis.computeType())
+    return false;
+  OpClass cls = analysis.decision(user).cls;
+  return cls == OpClass::Infer || cls == OpClass::Clear ||
+         cls == OpClass::Deny;
+}
+
+bool ConvertRewriter::isRounded(Value value) const {
+  if (roundedValues.contains(value))
+    return true;
+  Operation *def = value.getDefiningOp();
+  // Widened from the compute dtype (a stored value's read-back).
+  return def && shlo::isConvert(def) &&
+         shlo::getFloatElementType(def->getOperand(0).getType()) ==
+             analysis.computeType();
+}
+
+Value ConvertRewriter::roundOnce(Value value) {
+  Value &rounding = roundings[value];
+  if (rounding)
+    return rounding;
+  if (auto arg = dyn_cast<BlockArgument>(value))
+    builder.setInsertionPointToStart(arg.getOwner());
+  else
+    builder.setInsertionPointAfter(value.getDefiningOp());
+  rounding = shlo::buildReducePrecision(builder, value.getLoc(), value,
+                                        analysis.computeType());
+  roundedValues.insert(rounding);
+  mark(rounding);
+  return rounding;
+}
+
+/// Strict: each held result is rounded once, right after its producer, and
+/// read rounded. Data movement, max/min, select and the like make rounded
+/// values of rounded operands, and need no rounding of their own.
+void ConvertRewriter::roundHeldResults() {
+  for (Value value : heldFull) {
+    Operation *def = value.getDefiningOp();
+    bool exactOfOperands =
+        analysis.decision(def).cls == OpClass::Clear &&
+        llvm::any_of(def->getOperandTypes(), [](Type t) {
+          return static_cast<bool>(shlo::getFloatElementType(t));
+        });
+    if (exactOfOperands) {
+      roundedValues.insert(value);
+      continue;
+    }
+    Value rounding = roundOnce(value);
+    value.replaceAllUsesExcept(rounding, rounding.getDefiningOp());
+  }
 }
 
 void ConvertRewriter::plan() {
@@ -104,11 +191,18 @@ void ConvertRewriter::plan() {
   for (Operation *op : analysis.ops()) {
     for (OpOperand &operand : op->getOpOperands()) {
       Type wanted = analysis.wantedType(operand);
-      if (wanted != physicalType(operand.get()))
+      if (wantsRounded(operand, wanted))
+        pending.push_back({&operand,
+                           shlo::withElementType(wanted, analysis.fullType()),
+                           /*rounded=*/true});
+      else if (wanted != physicalType(operand.get()))
         pending.push_back({&operand, wanted});
     }
-    for (Value result : op->getResults())
+    for (Value result : op->getResults()) {
       noteValue(result);
+      if (isHeldFull(result))
+        heldFull.push_back(result);
+    }
     if (analysis.lowersBody(op))
       lowBodies.push_back(op);
     if (shlo::hasApplierRegions(op))
@@ -199,14 +293,24 @@ Value ConvertRewriter::convertOnce(Value value, Type wanted) {
 /// A value stored low is rounded once, right after its producer; its
 /// low-precision readers use the rounded value and its f32 readers one
 /// convert of it back, so nothing reads the f32 original and XLA keeps only
-/// the rounded buffer.
+/// the rounded buffer. An optimization barrier holds the rounded value:
+/// XLA:GPU's simplify-fp-conversions (on under the default
+/// xla_allow_excess_precision) removes any chain of converts, and would
+/// turn f32 -> bf16 -> f32 back into the f32 original; a barrier is never
+/// folded, and XLA expands it only after scheduling.
 void ConvertRewriter::storeLow() {
   FloatType compute = analysis.computeType();
-  for (Value value : analysis.storedValues()) {
+  for (auto [index, stored] : llvm::enumerate(analysis.storedValues())) {
+    Value value = stored;
     Type lowType = shlo::withElementType(value.getType(), compute);
     Value low = convertOnce(value, lowType);
+    shlo::setFrontendAttribute(low.getDefiningOp(), attr::kStoredMarker,
+                               std::to_string(index));
     builder.setInsertionPointAfter(low.getDefiningOp());
-    Value back = shlo::buildConvert(builder, value.getLoc(), low,
+    Value held = shlo::buildOptimizationBarrier(builder, value.getLoc(),
+                                                ValueRange{low})
+                     ->getResult(0);
+    Value back = shlo::buildConvert(builder, value.getLoc(), held,
                                     analysis.fullType());
     mark(back);
     value.replaceUsesWithIf(back, [&](OpOperand &use) {
@@ -218,8 +322,15 @@ void ConvertRewriter::storeLow() {
 }
 
 void ConvertRewriter::insertConverts() {
-  for (const PendingUse &use : pending)
-    use.operand->set(convertOnce(use.operand->get(), use.wanted));
+  for (const PendingUse &use : pending) {
+    Value value = use.operand->get();
+    if (!use.rounded)
+      use.operand->set(convertOnce(value, use.wanted));
+    else if (value.getType() != use.wanted)
+      use.operand->set(convertOnce(value, use.wanted)); // widened: exact
+    else if (!isRounded(value))
+      use.operand->set(roundOnce(value));
+  }
 }
 
 void ConvertRewriter::eraseDeadConstants() {
@@ -257,6 +368,7 @@ bool ConvertRewriter::run() {
   for (auto [value, type] : retyped)
     value.setType(type);
   lowerBodies();
+  roundHeldResults();
   // Stored values first: their low readers then share the stored convert.
   storeLow();
   insertConverts();
@@ -335,6 +447,7 @@ llvm::Error InsertConvertsPass::parseOptions() {
       return llvm::createStringError("op '" + entry.getKey() +
                                      "' is named in both keep-f32 and "
                                      "force-compute");
+  parsed.strict = strict;
   for (int64_t group : keepGroups) {
     if (group < 0)
       return llvm::createStringError(
@@ -354,6 +467,9 @@ LogicalResult InsertConvertsPass::initialize(MLIRContext *context) {
 
 void InsertConvertsPass::annotateDecisions(const PrecisionAnalysis &analysis) {
   Builder b(&getContext());
+  llvm::DenseMap<Value, int64_t> storedIndex;
+  for (auto [index, value] : llvm::enumerate(analysis.storedValues()))
+    storedIndex[value] = index;
   for (Operation *op : analysis.ops()) {
     if (isa<func::ReturnOp>(op) || shlo::isRegionReturn(op) ||
         !analysis.isDecided(op))
@@ -377,9 +493,11 @@ void InsertConvertsPass::annotateDecisions(const PrecisionAnalysis &analysis) {
       fields.push_back(b.getNamedAttr("detail", b.getStringAttr(d.detail)));
     if (d.group >= 0)
       fields.push_back(b.getNamedAttr("group", b.getI64IntegerAttr(d.group)));
-    if (llvm::any_of(op->getResults(),
-                     [&](Value v) { return analysis.storedLow(v); }))
-      fields.push_back(b.getNamedAttr("stored", b.getUnitAttr()));
+    // The index of a stored value is its survival marker's (storeLow).
+    for (Value result : op->getResults())
+      if (auto it = storedIndex.find(result); it != storedIndex.end())
+        fields.push_back(
+            b.getNamedAttr("stored", b.getI64IntegerAttr(it->second)));
     op->setAttr(attr::kDecision, b.getDictionaryAttr(fields));
   }
 }

@@ -122,6 +122,9 @@ llvm::Expected<Level> parseLevel(llvm::StringRef text, Target target);
 Storage defaultStorage(Target target);
 /// The level used when none is asked for. Measured: see Passes.td.
 Level defaultLevel(Target target);
+/// Whether a front end runs amp-rematerialize on a training step when not
+/// told. Measured: see Passes.td.
+bool defaultRematerialize(Target target);
 
 } // namespace mlir::amp
 

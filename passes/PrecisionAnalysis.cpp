@@ -722,9 +722,10 @@ void PrecisionAnalysis::decideStorage() {
         continue;
       // A GPU or TPU GEMM accumulates in f32 and rounds once as it writes:
       // its result is made in the compute dtype. XLA:CPU has no such kernel,
-      // so there the f32 result is converted.
+      // so there the f32 result is converted; so it is in strict mode, where
+      // XLA could fuse a GEMM's output rounding into its f32 readers.
       if (decision(op).cls == OpClass::Allow && opts.target != Target::Cpu &&
-          decision(op).low) {
+          decision(op).low && !opts.strict) {
         lowResultDots.insert(op);
         continue;
       }

@@ -35,6 +35,8 @@ struct PrecisionOptions {
   llvm::StringSet<> keepF32, forceCompute;
   /// Calibration groups kept in f32 (see `OpDecision::group`).
   llvm::DenseSet<int64_t> keepGroups;
+  /// Every rounding in a form XLA keeps (see Passes.td, strict).
+  bool strict = false;
 };
 
 /// The decision for one op.

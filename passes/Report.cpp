@@ -48,8 +48,10 @@ llvm::json::Object decisionJson(Operation *op, DictionaryAttr decision) {
     record["detail"] = string("detail");
   if (auto group = decision.getAs<IntegerAttr>("group"))
     record["group"] = group.getInt();
-  if (decision.get("stored"))
-    record["stored"] = true;
+  if (auto stored = decision.getAs<IntegerAttr>("stored"))
+    record["stored"] = stored.getInt();
+  if (auto fp8 = decision.getAs<IntegerAttr>("fp8"))
+    record["fp8"] = fp8.getInt();
   if (!string("gemm").empty())
     record["gemm"] = string("gemm");
   return record;
@@ -75,7 +77,9 @@ StorageBytes mlir::amp::storageBytes(ModuleOp module) {
   // converts): each value counts once, in the dtype it is kept in.
   StorageBytes bytes;
   module.walk([&](Operation *op) {
-    if (isFloatConvert(op, /*widening=*/true))
+    // A barrier's results are its operands (no copy).
+    if (isFloatConvert(op, /*widening=*/true) ||
+        shlo::isOptimizationBarrier(op))
       return;
     for (Value result : op->getResults()) {
       FloatType element = shlo::getFloatElementType(result.getType());

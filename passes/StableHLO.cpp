@@ -199,6 +199,20 @@ llvm::Expected<std::string> shlo::checkedOpName(llvm::StringRef option,
                                  llvm::join(nearestOpNames(name), ", ") + ")");
 }
 
+bool shlo::isElementwiseOrBroadcast(Operation *op) {
+  static const llvm::StringSet<> names = {
+      "abs", "add", "and", "atan2", "broadcast_in_dim", "cbrt", "ceil",
+      "clamp", "compare", "convert", "cosine", "divide", "exponential",
+      "exponential_minus_one", "floor", "is_finite", "log", "log_plus_one",
+      "logistic", "maximum", "minimum", "multiply", "negate", "not", "or",
+      "power", "reduce_precision", "remainder", "reshape", "round_nearest_afz",
+      "round_nearest_even", "rsqrt", "select", "sign", "sine", "sqrt",
+      "subtract", "tan", "tanh", "xor"};
+  return op->getName().getDialectNamespace() == kDialect &&
+         op->getNumRegions() == 0 && op->getNumResults() == 1 &&
+         names.contains(shortName(op));
+}
+
 bool shlo::isControlFlow(Operation *op) {
   return is(op, "while") || is(op, "if") || is(op, "case");
 }
@@ -242,6 +256,17 @@ llvm::StringRef shlo::compositeName(Operation *op) {
 //===----------------------------------------------------------------------===//
 // Operand roles
 //===----------------------------------------------------------------------===//
+
+void shlo::setFrontendAttribute(Operation *op, llvm::StringRef key,
+                                llvm::StringRef value) {
+  constexpr llvm::StringLiteral kFrontendAttributes = "mhlo.frontend_attributes";
+  Builder builder(op->getContext());
+  NamedAttrList entries;
+  if (auto existing = op->getAttrOfType<DictionaryAttr>(kFrontendAttributes))
+    entries.assign(existing.getValue());
+  entries.set(key, builder.getStringAttr(value));
+  op->setAttr(kFrontendAttributes, entries.getDictionary(op->getContext()));
+}
 
 unsigned shlo::numReducedInputs(Operation *op) {
   // reduce/reduce_window: N inputs then N init values; scatter: N inputs,
@@ -546,6 +571,19 @@ Value shlo::buildReshape(OpBuilder &builder, Location loc, Value value,
   auto type = cast<RankedTensorType>(value.getType());
   return createOp(builder, loc, opName("reshape"), value,
                   RankedTensorType::get(shape, type.getElementType()))
+      ->getResult(0);
+}
+
+Value shlo::buildReducePrecision(OpBuilder &builder, Location loc,
+                                 Value value, FloatType format) {
+  int64_t mantissa = format.getFPMantissaWidth() - 1;
+  int64_t exponent = format.getWidth() - 1 - mantissa;
+  return createOp(builder, loc, opName("reduce_precision"), value,
+                  value.getType(),
+                  {builder.getNamedAttr("exponent_bits",
+                                        builder.getI32IntegerAttr(exponent)),
+                   builder.getNamedAttr("mantissa_bits",
+                                        builder.getI32IntegerAttr(mantissa))})
       ->getResult(0);
 }
 

@@ -62,8 +62,16 @@ inline bool isConstant(Operation *op) { return is(op, "constant"); }
 inline bool isDotGeneral(Operation *op) { return is(op, "dot_general"); }
 inline bool isConvolution(Operation *op) { return is(op, "convolution"); }
 inline bool isCustomCall(Operation *op) { return is(op, "custom_call"); }
+inline bool isOptimizationBarrier(Operation *op) {
+  return is(op, "optimization_barrier");
+}
 /// The terminator of StableHLO regions (`stablehlo.return`).
 inline bool isRegionReturn(Operation *op) { return is(op, "return"); }
+/// Elementwise ops of the StableHLO specification (each result element from
+/// the operand elements at its index), and the broadcasts and reshapes that
+/// feed them: what XLA fuses into one loop, and what can be recomputed
+/// without materialising anything.
+bool isElementwiseOrBroadcast(Operation *op);
 /// Control flow whose regions are painted as part of the enclosing function.
 bool isControlFlow(Operation *op);
 /// Ops whose regions are applied element-wise (reduce, reduce_window,
@@ -84,6 +92,12 @@ llvm::StringRef customCallTarget(Operation *op);
 FlatSymbolRefAttr compositeDecomposition(Operation *op);
 /// The name of a `stablehlo.composite` ("chlo.top_k"), or empty.
 llvm::StringRef compositeName(Operation *op);
+
+/// Sets `key = value` in the op's `mhlo.frontend_attributes`: XLA carries
+/// these through to the compiled program's instructions (fused ones too),
+/// which is how a decision can be found again after XLA is done.
+void setFrontendAttribute(Operation *op, llvm::StringRef key,
+                          llvm::StringRef value);
 
 //===----------------------------------------------------------------------===//
 // Operand roles
@@ -154,6 +168,14 @@ Value buildTranspose(OpBuilder &builder, Location loc, Value value,
                      llvm::ArrayRef<int64_t> permutation);
 Value buildReshape(OpBuilder &builder, Location loc, Value value,
                    llvm::ArrayRef<int64_t> shape);
+/// `stablehlo.reduce_precision` of `value` to the exponent and mantissa
+/// bits of `format`: rounds to nearest even, keeping `value`'s type. XLA
+/// never removes it from a wider type (JAX's own precision blocker).
+Value buildReducePrecision(OpBuilder &builder, Location loc, Value value,
+                           FloatType format);
+inline bool isReducePrecision(Operation *op) {
+  return is(op, "reduce_precision");
+}
 /// `stablehlo.optimization_barrier` over `values`: XLA cannot fold or fuse
 /// across it.
 Operation *buildOptimizationBarrier(OpBuilder &builder, Location loc,

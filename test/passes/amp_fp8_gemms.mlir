@@ -24,10 +24,11 @@
 
 //--- dots.mlir
 
-// The quantize-dequantize pattern: amax in f32, scale = max(amax / 448,
-// FLT_MIN), x / scale clamped to [-448, 448], converted to f8E4M3FN, then
-// converted back to bf16 and multiplied by the broadcast scale; the dot
-// accumulates in f32.
+// Each operand is quantized: amax in f32, scale = max(amax / 448, FLT_MIN),
+// x / scale clamped to [-448, 448], converted to f8E4M3FN. The dot takes the
+// FP8 values themselves (no convert back: XLA:GPU would fold a chain of
+// converts), accumulates in f32, and its result is multiplied by the
+// product of the two scales.
 
 // CHECK-LABEL: func.func public @forward(
 // CHECK-SAME: %[[X:[^:]*]]: tensor<32x64xbf16>, %[[W:[^:]*]]: tensor<64x16xbf16>
@@ -45,23 +46,64 @@
 // CHECK-NEXT: %[[LO:.*]] = stablehlo.constant dense<-4.480000e+02> : tensor<f32>
 // CHECK-NEXT: %[[CLAMPED:.*]] = stablehlo.clamp %[[LO]], %[[SCALED]], %[[HI]] : (tensor<f32>, tensor<32x64xf32>, tensor<f32>) -> tensor<32x64xf32>
 // CHECK-NEXT: %[[Q:.*]] = stablehlo.convert %[[CLAMPED]] : (tensor<32x64xf32>) -> tensor<32x64xf8E4M3FN>
-// CHECK-NEXT: %[[SBF:.*]] = stablehlo.convert %[[SCALE]] : (tensor<f32>) -> tensor<bf16>
-// CHECK-NEXT: %[[DQ:.*]] = stablehlo.convert %[[Q]] : (tensor<32x64xf8E4M3FN>) -> tensor<32x64xbf16>
-// CHECK-NEXT: %[[SBB:.*]] = stablehlo.broadcast_in_dim %[[SBF]], dims = [] : (tensor<bf16>) -> tensor<32x64xbf16>
-// CHECK-NEXT: %[[LHS:.*]] = stablehlo.multiply %[[DQ]], %[[SBB]] : tensor<32x64xbf16>
-// CHECK: stablehlo.convert %{{.*}} : (tensor<64x16xf32>) -> tensor<64x16xf8E4M3FN>
-// CHECK: %[[RHS:.*]] = stablehlo.multiply %{{.*}}, %{{.*}} : tensor<64x16xbf16>
-// CHECK-NEXT: stablehlo.dot_general %[[LHS]], %[[RHS]], contracting_dims = [1] x [0] : (tensor<32x64xbf16>, tensor<64x16xbf16>) -> tensor<32x16xf32>
+// CHECK: %[[WSCALE:.*]] = stablehlo.maximum %{{.*}}, %{{.*}} : tensor<f32>
+// CHECK: %[[QW:.*]] = stablehlo.convert %{{.*}} : (tensor<64x16xf32>) -> tensor<64x16xf8E4M3FN>
+// CHECK-NEXT: %[[DOT:.*]] = stablehlo.dot_general %[[Q]], %[[QW]], contracting_dims = [1] x [0] {mhlo.frontend_attributes = {amp_fp8 = "0"}} : (tensor<32x64xf8E4M3FN>, tensor<64x16xf8E4M3FN>) -> tensor<32x16xf32>
+// CHECK-NEXT: %[[BOTH:.*]] = stablehlo.multiply %[[SCALE]], %[[WSCALE]] : tensor<f32>
+// CHECK-NEXT: %[[BB:.*]] = stablehlo.broadcast_in_dim %[[BOTH]], dims = [] : (tensor<f32>) -> tensor<32x16xf32>
+// CHECK-NEXT: %[[OUT:.*]] = stablehlo.multiply %[[DOT]], %[[BB]] : tensor<32x16xf32>
+// CHECK-NEXT: return %[[OUT]]
 
 // gemm=f8e5m2 gives every operand e5m2 (fmax 57344).
 // E5M2-LABEL: func.func public @forward(
 // E5M2: stablehlo.constant dense<5.734400e+04> : tensor<f32>
 // E5M2: stablehlo.convert %{{.*}} : (tensor<32x64xf32>) -> tensor<32x64xf8E5M2>
 // E5M2: stablehlo.convert %{{.*}} : (tensor<64x16xf32>) -> tensor<64x16xf8E5M2>
+// E5M2: stablehlo.dot_general %{{.*}}, %{{.*}}, contracting_dims = [1] x [0] {{.*}} : (tensor<32x64xf8E5M2>, tensor<64x16xf8E5M2>) -> tensor<32x16xf32>
 // E5M2-NOT: f8E4M3FN
 func.func public @forward(%x: tensor<32x64xbf16>, %w: tensor<64x16xbf16>) -> tensor<32x16xf32> {
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x64xbf16>, tensor<64x16xbf16>) -> tensor<32x16xf32>
   return %0 : tensor<32x16xf32>
+}
+
+// -----
+
+// A dot whose result is in the compute dtype (dot-result=compute, or the gpu
+// target's storage) still accumulates in f32: the scales are applied in f32
+// and the result is rounded once.
+
+// CHECK-LABEL: func.func public @bf16_result(
+// CHECK: %[[DOT:.*]] = stablehlo.dot_general %{{.*}}, %{{.*}}, contracting_dims = [1] x [0] {mhlo.frontend_attributes = {amp_fp8 = "0"}} : (tensor<32x64xf8E4M3FN>, tensor<64x16xf8E4M3FN>) -> tensor<32x16xf32>
+// CHECK: %[[OUT:.*]] = stablehlo.multiply %[[DOT]], %{{.*}} : tensor<32x16xf32>
+// CHECK-NEXT: %[[LOW:.*]] = stablehlo.convert %[[OUT]] : (tensor<32x16xf32>) -> tensor<32x16xbf16>
+// CHECK-NEXT: return %[[LOW]]
+func.func public @bf16_result(%x: tensor<32x64xbf16>, %w: tensor<64x16xbf16>) -> tensor<32x16xbf16> {
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x64xbf16>, tensor<64x16xbf16>) -> tensor<32x16xbf16>
+  return %0 : tensor<32x16xbf16>
+}
+
+// -----
+
+// An operand that is a rounding of an f32 value is quantized from the f32
+// value (XLA would fold f32 -> bf16 -> f32 anyway); one stored low by
+// amp-insert-converts (rounded, held by a barrier, read back) is quantized
+// from its read-back, so the f32 original is not kept for the quantizer.
+
+// CHECK-LABEL: func.func public @rounded_operands(
+// CHECK-SAME: %[[A:[^:]*]]: tensor<32x64xf32>, %[[B:[^:]*]]: tensor<64x16xf32>
+// CHECK: %[[BACK:.*]] = stablehlo.convert %{{.*}} : (tensor<64x16xbf16>) -> tensor<64x16xf32>
+// CHECK: stablehlo.abs %[[A]] : tensor<32x64xf32>
+// CHECK: stablehlo.divide %[[A]], %{{.*}} : tensor<32x64xf32>
+// CHECK: stablehlo.abs %[[BACK]] : tensor<64x16xf32>
+// CHECK: stablehlo.divide %[[BACK]], %{{.*}} : tensor<64x16xf32>
+func.func public @rounded_operands(%a: tensor<32x64xf32>, %b: tensor<64x16xf32>) -> tensor<32x16xf32> {
+  %x = stablehlo.convert %a : (tensor<32x64xf32>) -> tensor<32x64xbf16>
+  %low = stablehlo.convert %b {mhlo.frontend_attributes = {amp_stored = "0"}} : (tensor<64x16xf32>) -> tensor<64x16xbf16>
+  %held = stablehlo.optimization_barrier %low : tensor<64x16xbf16>
+  %back = stablehlo.convert %held : (tensor<64x16xbf16>) -> tensor<64x16xf32>
+  %0 = stablehlo.dot_general %x, %low, contracting_dims = [1] x [0] : (tensor<32x64xbf16>, tensor<64x16xbf16>) -> tensor<32x16xf32>
+  %1 = stablehlo.add %0, %0 : tensor<32x16xf32>
+  return %1 : tensor<32x16xf32>
 }
 
 // -----
@@ -74,7 +116,7 @@ func.func public @forward(%x: tensor<32x64xbf16>, %w: tensor<64x16xbf16>) -> ten
 // CHECK: stablehlo.constant dense<5.734400e+04> : tensor<f32>
 // CHECK: stablehlo.constant dense<-5.734400e+04> : tensor<f32>
 // CHECK: stablehlo.convert %{{.*}} : (tensor<32x16xf32>) -> tensor<32x16xf8E5M2>
-// CHECK: stablehlo.dot_general
+// CHECK-NEXT: stablehlo.dot_general %{{.*}}, %{{.*}}, contracting_dims = [0] x [0] {{.*}} : (tensor<32x64xf8E4M3FN>, tensor<32x16xf8E5M2>) -> tensor<64x16xf32>
 func.func public @backward(%x: tensor<32x64xbf16>, %seed: tensor<f32> {amp.loss_seed}) -> tensor<64x16xf32> {
   %b = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<32x16xf32>
   %dy = stablehlo.convert %b : (tensor<32x16xf32>) -> tensor<32x16xbf16>
@@ -102,7 +144,7 @@ func.func public @not_eligible(%x: tensor<30x64xbf16>, %w: tensor<64x16xbf16>, %
 // With report=true each lowered dot's decision says what the FP8 lane did.
 
 // REPORT-LABEL: func.func public @main(
-// REPORT: stablehlo.dot_general {{.*}}amp.decision = {gemm = "f8e4m3fn x f8e4m3fn, current scaling", group = 0 : i64, precision = "low", reason = "matrix_multiply"}
+// REPORT: stablehlo.dot_general {{.*}}amp.decision = {fp8 = 0 : i64, gemm = "f8e4m3fn x f8e4m3fn, current scaling", group = 0 : i64, precision = "low", reason = "matrix_multiply"}
 // REPORT: stablehlo.dot_general {{.*}}amp.decision = {gemm = "not eligible: shape 30x64 * 64x16 is not a multiple of 16", group = 1 : i64, precision = "low", reason = "matrix_multiply"}
 func.func public @main(%x: tensor<32x64xf32>, %w: tensor<64x16xf32>, %y: tensor<30x64xf32>) -> (tensor<32x16xf32>, tensor<30x16xf32>) {
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x64xf32>, tensor<64x16xf32>) -> tensor<32x16xf32>
@@ -131,6 +173,7 @@ func.func public @main(%x: tensor<32x64xf32>, %w: tensor<64x16xf32>, %y: tensor<
 // DELAYED-NEXT: %[[ROLLED:.*]] = stablehlo.concatenate %[[NEWEST]], %[[OLDER]], dim = 0 : (tensor<1xf32>, tensor<3xf32>) -> tensor<4xf32>
 // DELAYED-NEXT: %[[FMAX:.*]] = stablehlo.constant dense<4.480000e+02> : tensor<f32>
 // DELAYED-NEXT: stablehlo.divide %[[REF]], %[[FMAX]] : tensor<f32>
+// DELAYED: stablehlo.dot_general %{{.*}}, %{{.*}}, contracting_dims = [1] x [0] {{.*}} : (tensor<32x64xf8E4M3FN>, tensor<64x16xf8E4M3FN>) -> tensor<32x16xf32>
 // DELAYED: return %{{[^,]*}}, %[[ROLLED]], %{{[^ ]*}} : tensor<32x16xf32>, tensor<4xf32>, tensor<4xf32>
 func.func public @main(%x: tensor<32x64xbf16>, %w: tensor<64x16xbf16>) -> tensor<32x16xf32> {
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x64xbf16>, tensor<64x16xbf16>) -> tensor<32x16xf32>

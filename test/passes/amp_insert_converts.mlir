@@ -7,6 +7,7 @@
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=cpu})' | FileCheck %s --check-prefix=CPU
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true})' | FileCheck %s --check-prefix=REPORT
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu keep-groups=0})' | FileCheck %s --check-prefix=GROUPS
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu level=O3 strict=true})' | FileCheck %s --check-prefix=STRICT
 //
 // Unknown op names in keep-f32/force-compute are errors naming the nearest
 // known ops.
@@ -19,15 +20,18 @@
 // FP8C: error: invalid policy: FP8 dtype 'f8e4m3fn' cannot be the compute dtype: FP8 is a GEMM operand format; keep compute in bf16/f16/f32 and add gemm=f8 (for example p=f32,c=bf16,o=f32,gemm=f8)
 
 // Storage: a large f32 result of f32 arithmetic that is read again across a
-// matrix multiply is rounded to bf16 right after it is made and read back in
-// f32; with storage=f32 it stays f32. The second dot's result, read once
+// matrix multiply is rounded to bf16 right after it is made (the convert
+// carries the XLA frontend attribute that finds it in the compiled program)
+// and read back in f32 through an optimization barrier, which XLA never
+// folds; with storage=f32 it stays f32. The second dot's result, read once
 // right away, is not stored.
 
 // CHECK-LABEL: func.func public @storage(
 // CHECK: %[[D1:.*]] = stablehlo.dot_general {{.*}} -> tensor<64x128xf32>
 // CHECK-NEXT: %[[E:.*]] = stablehlo.exponential %[[D1]] : tensor<64x128xf32>
-// CHECK-NEXT: %[[LOW:.*]] = stablehlo.convert %[[E]] : (tensor<64x128xf32>) -> tensor<64x128xbf16>
-// CHECK-NEXT: %[[BACK:.*]] = stablehlo.convert %[[LOW]] : (tensor<64x128xbf16>) -> tensor<64x128xf32>
+// CHECK-NEXT: %[[LOW:.*]] = stablehlo.convert %[[E]] {mhlo.frontend_attributes = {amp_stored = "{{[0-9]+}}"}} : (tensor<64x128xf32>) -> tensor<64x128xbf16>
+// CHECK-NEXT: %[[HELD:.*]] = stablehlo.optimization_barrier %[[LOW]] : tensor<64x128xbf16>
+// CHECK-NEXT: %[[BACK:.*]] = stablehlo.convert %[[HELD]] : (tensor<64x128xbf16>) -> tensor<64x128xf32>
 // CHECK-NEXT: %[[D2:.*]] = stablehlo.dot_general {{.*}} -> tensor<64x128xf32>
 // CHECK-NEXT: stablehlo.multiply %[[BACK]], %[[D2]] : tensor<64x128xf32>
 
@@ -38,12 +42,13 @@
 
 // CPU-LABEL: func.func public @storage(
 // CPU: %[[E:.*]] = stablehlo.exponential
-// CPU-NEXT: %[[LOW:.*]] = stablehlo.convert %[[E]] : (tensor<64x128xf32>) -> tensor<64x128xbf16>
-// CPU-NEXT: stablehlo.convert %[[LOW]] : (tensor<64x128xbf16>) -> tensor<64x128xf32>
+// CPU-NEXT: %[[LOW:.*]] = stablehlo.convert %[[E]] {mhlo.frontend_attributes = {amp_stored = "0"}} : (tensor<64x128xf32>) -> tensor<64x128xbf16>
+// CPU-NEXT: %[[HELD:.*]] = stablehlo.optimization_barrier %[[LOW]] : tensor<64x128xbf16>
+// CPU-NEXT: stablehlo.convert %[[HELD]] : (tensor<64x128xbf16>) -> tensor<64x128xf32>
 
 // REPORT-LABEL: func.func public @storage(
 // REPORT: stablehlo.dot_general {{.*}}amp.decision = {group = 0 : i64, precision = "low", reason = "matrix_multiply"}
-// REPORT: stablehlo.exponential {{.*}}amp.decision = {detail = "transcendental or statistic", precision = "f32", reason = "numerically_sensitive", stored}
+// REPORT: stablehlo.exponential {{.*}}amp.decision = {detail = "transcendental or statistic", precision = "f32", reason = "numerically_sensitive", stored = 0 : i64}
 
 // GROUPS-LABEL: func.func public @storage(
 // GROUPS: stablehlo.dot_general %arg0, %arg1, {{.*}} : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
@@ -65,14 +70,15 @@ func.func public @storage(%x: tensor<64x64xf32>, %w1: tensor<64x128xf32>, %w2: t
 
 // CHECK-LABEL: func.func public @rebuilt_not_stored(
 // CHECK: %[[E:.*]] = stablehlo.exponential
-// CHECK-NEXT: %[[LOW:.*]] = stablehlo.convert %[[E]] : (tensor<64x128xf32>) -> tensor<64x128xbf16>
-// CHECK-NEXT: %[[BACK:.*]] = stablehlo.convert %[[LOW]] : (tensor<64x128xbf16>) -> tensor<64x128xf32>
+// CHECK-NEXT: %[[LOW:.*]] = stablehlo.convert %[[E]] {mhlo.frontend_attributes = {amp_stored = "{{[0-9]+}}"}} : (tensor<64x128xf32>) -> tensor<64x128xbf16>
+// CHECK-NEXT: %[[HELD:.*]] = stablehlo.optimization_barrier %[[LOW]] : tensor<64x128xbf16>
+// CHECK-NEXT: %[[BACK:.*]] = stablehlo.convert %[[HELD]] : (tensor<64x128xbf16>) -> tensor<64x128xf32>
 // CHECK: %[[S:.*]] = stablehlo.multiply %[[BACK]], %{{.*}} : tensor<64x128xf32>
 // CHECK-NOT: stablehlo.convert %[[S]]
 // CHECK: stablehlo.multiply %[[S]], %{{.*}} : tensor<64x128xf32>
 
 // REPORT-LABEL: func.func public @rebuilt_not_stored(
-// REPORT: stablehlo.exponential {{.*}}stored}
+// REPORT: stablehlo.exponential {{.*}}stored = 0 : i64}
 // REPORT: stablehlo.multiply {{.*}}amp.decision = {precision = "f32", reason = "consumes_sensitive"}} : tensor<64x128xf32>
 func.func public @rebuilt_not_stored(%x: tensor<64x64xf32>, %w1: tensor<64x128xf32>, %w2: tensor<64x128xf32>) -> tensor<64x128xf32> {
   %0 = stablehlo.dot_general %x, %w1, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
@@ -117,8 +123,9 @@ func.func public @normalised_not_stored(%x: tensor<64x64xf32>, %w1: tensor<64x12
 
 // CHECK-LABEL: func.func public @rounded_data_centred_stored(
 // CHECK: %[[C:.*]] = stablehlo.subtract %{{.*}}, %{{.*}} : tensor<64x128xf32>
-// CHECK-NEXT: %[[LOW:.*]] = stablehlo.convert %[[C]] : (tensor<64x128xf32>) -> tensor<64x128xbf16>
-// CHECK-NEXT: %[[BACK:.*]] = stablehlo.convert %[[LOW]] : (tensor<64x128xbf16>) -> tensor<64x128xf32>
+// CHECK-NEXT: %[[LOW:.*]] = stablehlo.convert %[[C]] {mhlo.frontend_attributes = {amp_stored = "{{[0-9]+}}"}} : (tensor<64x128xf32>) -> tensor<64x128xbf16>
+// CHECK-NEXT: %[[HELD:.*]] = stablehlo.optimization_barrier %[[LOW]] : tensor<64x128xbf16>
+// CHECK-NEXT: %[[BACK:.*]] = stablehlo.convert %[[HELD]] : (tensor<64x128xbf16>) -> tensor<64x128xf32>
 // CHECK: stablehlo.multiply %[[BACK]], %{{.*}} : tensor<64x128xf32>
 func.func public @rounded_data_centred_stored(%x: tensor<64x64xf32>, %w1: tensor<64x128xf32>, %w2: tensor<64x128xf32>) -> tensor<64x128xf32> {
   %0 = stablehlo.dot_general %x, %w1, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
@@ -278,4 +285,32 @@ func.func private @logaddexp(%a: tensor<f64>, %b: tensor<f64>) -> tensor<f64> {
   %5 = stablehlo.log_plus_one %4 : tensor<f64>
   %6 = stablehlo.add %0, %5 : tensor<f64>
   return %6 : tensor<f64>
+}
+
+// -----
+
+// strict=true: what elementwise ops compute in the compute dtype stays f32,
+// rounded by reduce_precision right after it is made (each value once);
+// their f32 inputs are rounded where they are read, data movement of
+// rounded values needs no rounding, and matrix multiplies take real bf16
+// operands (a convert of a rounded value: exact). XLA drops a rounding
+// between bf16 ops it computes in f32; it never drops a reduce_precision.
+
+// STRICT-LABEL: func.func public @strict(
+// STRICT-SAME: %[[X:[^:]*]]: tensor<64x128xf32>, %[[Y:[^:]*]]: tensor<64x128xf32>, %[[W:[^:]*]]: tensor<128x128xf32>
+// STRICT-DAG: %[[RY:.*]] = stablehlo.reduce_precision %[[Y]], format = e8m7 : tensor<64x128xf32>
+// STRICT-DAG: %[[RX:.*]] = stablehlo.reduce_precision %[[X]], format = e8m7 : tensor<64x128xf32>
+// STRICT: %[[M:.*]] = stablehlo.multiply %[[RX]], %[[RY]] : tensor<64x128xf32>
+// STRICT-NEXT: %[[RM:.*]] = stablehlo.reduce_precision %[[M]], format = e8m7 : tensor<64x128xf32>
+// STRICT-NEXT: %[[T:.*]] = stablehlo.transpose %[[RM]], dims = [1, 0]
+// STRICT-NEXT: %[[H:.*]] = stablehlo.tanh %[[T]] : tensor<128x64xf32>
+// STRICT-NEXT: %[[RH:.*]] = stablehlo.reduce_precision %[[H]], format = e8m7 : tensor<128x64xf32>
+// STRICT: %[[LOW:.*]] = stablehlo.convert %[[RH]] : (tensor<128x64xf32>) -> tensor<128x64xbf16>
+// STRICT: stablehlo.dot_general %[[LOW]]
+func.func public @strict(%x: tensor<64x128xf32>, %y: tensor<64x128xf32>, %w: tensor<128x128xf32>) -> tensor<128x128xf32> {
+  %0 = stablehlo.multiply %x, %y : tensor<64x128xf32>
+  %1 = stablehlo.transpose %0, dims = [1, 0] : (tensor<64x128xf32>) -> tensor<128x64xf32>
+  %2 = stablehlo.tanh %1 : tensor<128x64xf32>
+  %3 = stablehlo.dot_general %2, %x, contracting_dims = [1] x [0] : (tensor<128x64xf32>, tensor<64x128xf32>) -> tensor<128x128xf32>
+  return %3 : tensor<128x128xf32>
 }

@@ -1,0 +1,294 @@
+//===- Rematerialize.cpp - Recompute cheap residuals in the backward pass -===//
+//
+// amp-rematerialize: the backward pass of a training step reads values of
+// the forward pass, its residuals, and XLA keeps each of them in memory from
+// the forward pass to its last reader. A residual that elementwise ops make
+// from values the backward pass keeps anyway (other residuals, statistics,
+// constants, arguments) need not be kept: it is recomputed right before its
+// first reader in the backward pass. The recomputation reads those values
+// through an optimization barrier, which stops XLA's common-subexpression
+// elimination from merging it back into the forward pass (jax.checkpoint
+// does the same). ResidualPlan decides; the pass applies.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Backward.h"
+#include "Passes.h"
+#include "StableHLO.h"
+
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/IRMapping.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/EquivalenceClasses.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SetVector.h"
+
+namespace mlir::amp {
+#define GEN_PASS_DEF_AMPREMATERIALIZEPASS
+#include "Passes.h.inc"
+} // namespace mlir::amp
+
+using namespace mlir;
+using namespace mlir::amp;
+
+namespace {
+
+/// How to recompute one residual: the ops that make it from its leaves.
+struct Recomputation {
+  Value residual;
+  /// The first op of the backward pass (in the residual's block) that
+  /// reads it: the recomputation goes right before it.
+  Operation *firstReader = nullptr;
+  llvm::SetVector<Operation *> ops; ///< the cone, cloned in block order
+  llvm::SetVector<Value> leaves;    ///< what it reads; through the barrier
+};
+
+/// The ops that compute a value in one fused loop, and what they read:
+/// through elementwise ops (and broadcasts, reshapes, constants) in the
+/// value's block, down to values other ops make or that come from outside
+/// the block. These roots are what XLA keeps to recompute the value.
+struct Cone {
+  llvm::SetVector<Operation *> ops;
+  llvm::SetVector<Value> roots;
+  bool complete = true; ///< false if it needs more than max-ops ops
+};
+
+/// Decides, block by block, which residuals are recomputed.
+class ResidualPlan {
+public:
+  ResidualPlan(ModuleOp module, int64_t minElements, int64_t maxOps);
+  llvm::ArrayRef<Recomputation> recomputations() const { return planned; }
+
+private:
+  const llvm::DenseSet<Value> backward;
+  int64_t minElements, maxOps;
+  std::vector<Recomputation> planned;
+
+  void planBlock(Block &block);
+  Cone coneOf(Value value) const;
+  bool isSmall(Value value, int64_t than) const;
+};
+
+std::optional<int64_t> elementsOf(Value value) {
+  return shlo::getFloatElementType(value.getType())
+             ? shlo::numElements(value.getType())
+             : std::nullopt;
+}
+
+/// True for an op of the backward pass: it (or an op in its regions) reads
+/// a backward value. Terminators return what they are given.
+bool readsBackward(Operation *op, const llvm::DenseSet<Value> &backward) {
+  if (op->hasTrait<OpTrait::IsTerminator>() || shlo::isRegionReturn(op))
+    return false;
+  bool reads = false;
+  op->walk([&](Operation *inner) {
+    reads |= llvm::any_of(inner->getOperands(),
+                          [&](Value v) { return backward.contains(v); });
+  });
+  return reads;
+}
+
+ResidualPlan::ResidualPlan(ModuleOp module, int64_t minElements,
+                           int64_t maxOps)
+    : backward(backwardValues(module)), minElements(minElements),
+      maxOps(maxOps) {
+  if (backward.empty())
+    return;
+  module.walk([&](Block *block) { planBlock(*block); });
+}
+
+/// A root much smaller than what it helps recompute (a per-row statistic,
+/// a scale) costs nothing to keep.
+bool ResidualPlan::isSmall(Value value, int64_t than) const {
+  std::optional<int64_t> elements = shlo::numElements(value.getType());
+  return elements && (*elements < minElements || *elements * 64 <= than);
+}
+
+Cone ResidualPlan::coneOf(Value value) const {
+  Cone cone;
+  Block *block = value.getParentBlock();
+  llvm::SmallVector<Value> worklist = {value};
+  llvm::DenseSet<Value> seen;
+  while (!worklist.empty()) {
+    Value next = worklist.pop_back_val();
+    if (!seen.insert(next).second)
+      continue;
+    Operation *producer = next.getDefiningOp();
+    bool inBlock = producer && producer->getBlock() == block;
+    if (inBlock && shlo::isConstant(producer)) {
+      cone.ops.insert(producer);
+      continue;
+    }
+    if (!inBlock || !shlo::isElementwiseOrBroadcast(producer)) {
+      cone.roots.insert(next);
+      continue;
+    }
+    if (static_cast<int64_t>(cone.ops.size()) >= maxOps) {
+      cone.complete = false;
+      return cone;
+    }
+    cone.ops.insert(producer);
+    worklist.append(producer->operand_begin(), producer->operand_end());
+  }
+  return cone;
+}
+
+void ResidualPlan::planBlock(Block &block) {
+  // Residuals of this block, each with its first backward reader.
+  llvm::MapVector<Value, Operation *> residuals;
+  for (Operation &op : block) {
+    if (!readsBackward(&op, backward))
+      continue;
+    op.walk([&](Operation *inner) {
+      for (Value operand : inner->getOperands()) {
+        Operation *producer = operand.getDefiningOp();
+        std::optional<int64_t> elements = elementsOf(operand);
+        if (!producer || producer->getBlock() != &block ||
+            backward.contains(operand) || !elements ||
+            *elements < minElements)
+          continue;
+        residuals.insert({operand, &op}); // keeps the first reader
+      }
+    });
+  }
+  llvm::SmallVector<std::pair<Value, Operation *>> inOrder(residuals.begin(),
+                                                          residuals.end());
+  llvm::sort(inOrder, [](const auto &a, const auto &b) {
+    return a.first.getDefiningOp()->isBeforeInBlock(b.first.getDefiningOp());
+  });
+  // In program order, so that what a residual is made of has been decided.
+  // `kept` holds what the backward pass keeps for the residuals it reads
+  // as they are: a residual another kind of op makes, or the roots of one
+  // elementwise ops make (XLA keeps those, or the residual itself).
+  llvm::DenseSet<Value> kept;
+  for (auto [residual, firstReader] : inOrder) {
+    if (!shlo::isElementwiseOrBroadcast(residual.getDefiningOp())) {
+      kept.insert(residual);
+      continue;
+    }
+    Cone cone = coneOf(residual);
+    int64_t size = *elementsOf(residual);
+    bool fromKept = cone.complete &&
+                    llvm::all_of(cone.roots, [&](Value root) {
+                      Operation *producer = root.getDefiningOp();
+                      return !producer || producer->getBlock() != &block ||
+                             kept.contains(root) || isSmall(root, size);
+                    });
+    if (!fromKept) {
+      if (cone.complete)
+        kept.insert(cone.roots.begin(), cone.roots.end());
+      else
+        kept.insert(residual);
+      continue;
+    }
+    Recomputation plan;
+    plan.residual = residual;
+    plan.firstReader = firstReader;
+    plan.ops = std::move(cone.ops);
+    for (Value root : cone.roots)
+      plan.leaves.insert(root);
+    planned.push_back(std::move(plan));
+  }
+}
+
+class RematerializePass final
+    : public amp::impl::AmpRematerializePassBase<RematerializePass> {
+public:
+  using AmpRematerializePassBase::AmpRematerializePassBase;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    if (minElements < 1 || maxOps < 1) {
+      module.emitError() << "invalid option '"
+                         << (minElements < 1 ? "min-elements" : "max-ops")
+                         << "': must be at least 1";
+      return signalPassFailure();
+    }
+    ResidualPlan plan(module, minElements, maxOps);
+    llvm::DenseSet<Value> backward = backwardValues(module);
+    for (auto &group : groups(plan.recomputations()))
+      recompute(group, backward);
+  }
+
+private:
+  using Group = llvm::SmallVector<const Recomputation *>;
+  /// Recomputations that share ops, together: they are recomputed once,
+  /// before the first reader of any of them.
+  static std::vector<Group> groups(llvm::ArrayRef<Recomputation> all);
+  void recompute(llvm::ArrayRef<const Recomputation *> group,
+                 const llvm::DenseSet<Value> &backward);
+};
+
+std::vector<RematerializePass::Group>
+RematerializePass::groups(llvm::ArrayRef<Recomputation> all) {
+  llvm::EquivalenceClasses<const Recomputation *> classes;
+  llvm::DenseMap<Operation *, const Recomputation *> owner;
+  for (const Recomputation &r : all) {
+    classes.insert(&r);
+    for (Operation *op : r.ops)
+      if (!shlo::isConstant(op))
+        if (auto [it, fresh] = owner.try_emplace(op, &r); !fresh)
+          classes.unionSets(it->second, &r);
+  }
+  std::vector<Group> result;
+  llvm::DenseMap<const Recomputation *, size_t> index;
+  for (const Recomputation &r : all) {
+    auto [it, fresh] =
+        index.try_emplace(classes.getLeaderValue(&r), result.size());
+    if (fresh)
+      result.emplace_back();
+    result[it->second].push_back(&r);
+  }
+  return result;
+}
+
+void RematerializePass::recompute(llvm::ArrayRef<const Recomputation *> group,
+                                  const llvm::DenseSet<Value> &backward) {
+  Operation *reader = group.front()->firstReader;
+  llvm::SetVector<Value> leaves;
+  llvm::SetVector<Operation *> ops;
+  for (const Recomputation *r : group) {
+    if (r->firstReader->isBeforeInBlock(reader))
+      reader = r->firstReader;
+    leaves.insert(r->leaves.begin(), r->leaves.end());
+    ops.insert(r->ops.begin(), r->ops.end());
+  }
+  llvm::SmallVector<Operation *> ordered(ops.begin(), ops.end());
+  llvm::sort(ordered, [](Operation *a, Operation *b) {
+    return a->isBeforeInBlock(b);
+  });
+  // Leaves in program order (arguments and outer values first), so the
+  // barrier reads like the forward pass.
+  llvm::SmallVector<Value> sortedLeaves(leaves.begin(), leaves.end());
+  llvm::stable_sort(sortedLeaves, [&](Value a, Value b) {
+    Operation *x = a.getDefiningOp(), *y = b.getDefiningOp();
+    bool xHere = x && x->getBlock() == reader->getBlock();
+    bool yHere = y && y->getBlock() == reader->getBlock();
+    if (xHere != yHere)
+      return yHere;
+    return xHere && x->isBeforeInBlock(y);
+  });
+  OpBuilder builder(reader);
+  IRMapping mapping;
+  if (!sortedLeaves.empty()) {
+    Operation *barrier =
+        shlo::buildOptimizationBarrier(builder, reader->getLoc(), sortedLeaves);
+    for (auto [leaf, held] : llvm::zip(sortedLeaves, barrier->getResults()))
+      mapping.map(leaf, held);
+  }
+  for (Operation *op : ordered)
+    builder.clone(*op, mapping);
+  Block *block = reader->getBlock();
+  for (const Recomputation *r : group) {
+    Value residual = r->residual;
+    Value recomputed = mapping.lookup(residual);
+    residual.replaceUsesWithIf(recomputed, [&](OpOperand &use) {
+      Operation *owner = block->findAncestorOpInBlock(*use.getOwner());
+      return owner && !owner->isBeforeInBlock(reader) &&
+             readsBackward(owner, backward);
+    });
+  }
+}
+
+} // namespace

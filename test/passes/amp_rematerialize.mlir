@@ -1,0 +1,117 @@
+// amp-rematerialize alone: residuals of the backward pass (values of the
+// forward pass that ops derived from the loss seed read) that elementwise
+// ops make from kept residuals, small values or constants are recomputed
+// before their first backward reader, from leaves held by an optimization
+// barrier; anything else is kept.
+//
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-rematerialize)' | FileCheck %s
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-rematerialize{max-ops=1})' | FileCheck %s --check-prefix=ONEOP
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-rematerialize{min-elements=100000})' | FileCheck %s --check-prefix=LARGE
+// RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-rematerialize{max-ops=0})' 2>&1 | FileCheck %s --check-prefix=BADOPT
+// BADOPT: error: invalid option 'max-ops': must be at least 1
+
+// A GELU-like pair: the backward pass reads u (a matrix multiply's result:
+// kept), t = tanh(u) and g = u * t. t and g share their recomputation from
+// u, made once before the first backward reader of either; the forward
+// pass keeps its own.
+
+// CHECK-LABEL: func.func public @gelu(
+// CHECK: %[[U:.*]] = stablehlo.dot_general
+// CHECK-NEXT: %[[T:.*]] = stablehlo.tanh %[[U]]
+// CHECK-NEXT: %[[G:.*]] = stablehlo.multiply %[[U]], %[[T]]
+// CHECK-NEXT: %[[Y:.*]] = stablehlo.dot_general %[[G]]
+// CHECK: %[[HELD:.*]] = stablehlo.optimization_barrier %[[U]] : tensor<64x128xf32>
+// CHECK-NEXT: %[[T2:.*]] = stablehlo.tanh %[[HELD]]
+// CHECK-NEXT: %[[G2:.*]] = stablehlo.multiply %[[HELD]], %[[T2]]
+// CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[G2]]
+// CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[T2]]
+// CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[U]]
+// CHECK-NEXT: return %[[Y]]
+
+// With max-ops=1 g's recomputation (tanh and multiply) is too long: g is
+// kept, t (one op) is still recomputed.
+// ONEOP-LABEL: func.func public @gelu(
+// ONEOP: %[[G:.*]] = stablehlo.multiply %{{.*}}, %{{.*}}
+// ONEOP: stablehlo.multiply %{{.*}}, %[[G]]
+// ONEOP-NEXT: %[[HELD:.*]] = stablehlo.optimization_barrier
+// ONEOP-NEXT: %[[T2:.*]] = stablehlo.tanh %[[HELD]]
+// ONEOP-NEXT: stablehlo.multiply %{{.*}}, %[[T2]]
+
+// LARGE-LABEL: func.func public @gelu(
+// LARGE-NOT: stablehlo.optimization_barrier
+// LARGE: return
+func.func public @gelu(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %v: tensor<128x64xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x64xf32>, tensor<64x128xf32>) {
+  %u = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %t = stablehlo.tanh %u : tensor<64x128xf32>
+  %g = stablehlo.multiply %u, %t : tensor<64x128xf32>
+  %y = stablehlo.dot_general %g, %v, contracting_dims = [1] x [0] : (tensor<64x128xf32>, tensor<128x64xf32>) -> tensor<64x64xf32>
+  %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
+  %a = stablehlo.multiply %dy, %g : tensor<64x128xf32>
+  %b = stablehlo.multiply %a, %t : tensor<64x128xf32>
+  %c = stablehlo.multiply %b, %u : tensor<64x128xf32>
+  return %y, %c : tensor<64x64xf32>, tensor<64x128xf32>
+}
+
+// -----
+
+// Softmax: the backward pass reads the exponential e of a matrix multiply's
+// result d, as it is: d is what XLA keeps for it (or e itself). The
+// normalised probabilities are recomputed from d and the row sums (64 times
+// smaller or less): the exponential again, then the division.
+
+// CHECK-LABEL: func.func public @softmax(
+// CHECK: %[[D:.*]] = stablehlo.dot_general
+// CHECK: %[[E:.*]] = stablehlo.exponential %[[D]]
+// CHECK: %[[S:.*]] = stablehlo.reduce(%[[E]]
+// CHECK: %[[P:.*]] = stablehlo.divide %[[E]], %{{.*}}
+// CHECK: %[[HELD:.*]]:2 = stablehlo.optimization_barrier %[[D]], %[[S]] : tensor<64x128xf32>, tensor<64xf32>
+// CHECK-NEXT: %[[E2:.*]] = stablehlo.exponential %[[HELD]]#0
+// CHECK-NEXT: %[[B2:.*]] = stablehlo.broadcast_in_dim %[[HELD]]#1
+// CHECK-NEXT: %[[P2:.*]] = stablehlo.divide %[[E2]], %[[B2]]
+// CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[P2]]
+// CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[E]]
+func.func public @softmax(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x128xf32>, tensor<64x128xf32>) {
+  %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %e = stablehlo.exponential %d : tensor<64x128xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %s = stablehlo.reduce(%e init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
+  %p = stablehlo.divide %e, %sb : tensor<64x128xf32>
+  %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
+  %a = stablehlo.multiply %dy, %p : tensor<64x128xf32>
+  %b = stablehlo.multiply %a, %e : tensor<64x128xf32>
+  return %p, %b : tensor<64x128xf32>, tensor<64x128xf32>
+}
+
+// -----
+
+// Without a loss seed (or cotangent) there is no backward pass: unchanged.
+
+// CHECK-LABEL: func.func public @no_seed(
+// CHECK-NOT: stablehlo.optimization_barrier
+// CHECK: return
+func.func public @no_seed(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %s: tensor<f32>) -> tensor<64x128xf32> {
+  %u = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %t = stablehlo.tanh %u : tensor<64x128xf32>
+  %dy = stablehlo.broadcast_in_dim %s, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
+  %a = stablehlo.multiply %dy, %t : tensor<64x128xf32>
+  %b = stablehlo.multiply %a, %u : tensor<64x128xf32>
+  return %b : tensor<64x128xf32>
+}
+
+// -----
+
+// A residual made from a large value the backward pass keeps for nothing
+// else (a matrix multiply's result, read only by the forward pass) is kept
+// itself.
+
+// CHECK-LABEL: func.func public @needs_unkept(
+// CHECK-NOT: stablehlo.optimization_barrier
+// CHECK: return
+func.func public @needs_unkept(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> tensor<64x128xf32> {
+  %u = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %t = stablehlo.tanh %u : tensor<64x128xf32>
+  %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
+  %a = stablehlo.multiply %dy, %t : tensor<64x128xf32>
+  return %a : tensor<64x128xf32>
+}
