@@ -44,6 +44,7 @@ def default(pass_name: str, name: str) -> Any:
 INSERT_CONVERTS = "amp-insert-converts"
 LOSS_SCALE = "amp-loss-scale"
 FP8_GEMMS = "amp-fp8-gemms"
+REMATERIALIZE = "amp-rematerialize"
 SIMPLIFY_CONVERTS = "amp-simplify-converts"
 
 

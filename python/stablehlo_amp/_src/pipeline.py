@@ -96,6 +96,13 @@ class RewriteOptions:
   amax_history: int = dataclasses.field(
       default_factory=lambda: contract.default(contract.FP8_GEMMS,
                                                "amax-history"))
+  # amp-rematerialize on training steps: cheap elementwise residuals of the
+  # backward pass are recomputed there instead of kept (default: the
+  # target's, from the contract).
+  rematerialize: bool = True
+  # Every rounding in a form XLA keeps (amp-insert-converts strict=true), so
+  # that the compiled program computes exactly what the painted IR says.
+  strict: bool = False
 
   @classmethod
   def make(cls, *, level: str | None = None, target: str | None = None,
@@ -103,7 +110,9 @@ class RewriteOptions:
            keep_f32: str | Iterable[str] | None = (),
            force_compute: str | Iterable[str] | None = (),
            keep_groups: Iterable[int] = (), fp8_scaling: str | None = None,
-           amax_history: int | None = None) -> "RewriteOptions":
+           amax_history: int | None = None,
+           rematerialize: bool | None = None,
+           strict: bool = False) -> "RewriteOptions":
     pass_name = contract.INSERT_CONVERTS
     if fp8_scaling is None:
       fp8_scaling = contract.default(contract.FP8_GEMMS, "scaling")
@@ -137,11 +146,20 @@ class RewriteOptions:
     if not isinstance(amax_history, int) or amax_history < 1:
       raise ValueError(f"amax_history must be a positive integer, got "
                        f"{amax_history!r}")
+    if rematerialize is None:
+      rematerialize = contract.document()["passes"][contract.REMATERIALIZE][
+          "target_defaults"][target]
+    if not isinstance(rematerialize, bool):
+      raise TypeError(f"rematerialize must be True or False, got "
+                      f"{rematerialize!r}")
+    if not isinstance(strict, bool):
+      raise TypeError(f"strict must be True or False, got {strict!r}")
     return cls(level=choice("level", level or "", target), target=target,
                dot_result=choice("dot_result", dot_result),
                storage=choice("storage", storage or "", target),
                keep_f32=keep, force_compute=force, keep_groups=groups,
-               fp8_scaling=fp8_scaling, amax_history=amax_history)
+               fp8_scaling=fp8_scaling, amax_history=amax_history,
+               rematerialize=rematerialize, strict=strict)
 
   def replace(self, **changes) -> "RewriteOptions":
     return dataclasses.replace(self, **changes)
@@ -175,6 +193,7 @@ def build_pipeline(policy: Policy, options: RewriteOptions, *,
   fields = dataclasses.asdict(options)
   fp8_options = dict(gemm=policy.gemm, scaling=fields.pop("fp8_scaling"),
                      amax_history=fields.pop("amax_history"), report=report)
+  rematerialize = fields.pop("rematerialize")
   insert = _pass_text(contract.INSERT_CONVERTS,
                       dict(policy=str(policy), **fields, report=report))
   if options.level == "O0" and not loss_scale:
@@ -183,6 +202,8 @@ def build_pipeline(policy: Policy, options: RewriteOptions, *,
   passes = [insert]
   if policy.gemm != "compute" and options.level != "O0":
     passes.append(_pass_text(contract.FP8_GEMMS, fp8_options))
+  if rematerialize and options.level != "O0":
+    passes.append(contract.REMATERIALIZE)
   if loss_scale:
     passes.append(_pass_text(contract.LOSS_SCALE, loss_scale))
   passes.append(contract.SIMPLIFY_CONVERTS)

@@ -9,9 +9,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import re
 from typing import Any, Mapping
 
 from stablehlo_amp._src import contract
+from stablehlo_amp._src import survival
+
+
+# A frame in an MLIR location: "file":line:col.
+_FRAME = re.compile(r'"([^"]+)":(\d+):\d+')
+# Frames of these packages are not where the user's op is.
+_LIBRARY_PATHS = ("/stablehlo_amp/", "/jax/", "/jaxlib/", "/flax/", "/optax/",
+                  "/equinox/")
 
 
 def _ops(count: int) -> str:
@@ -33,6 +42,19 @@ class OpDecision:
   group: int | None = None  # calibration group
   stored: bool = False      # its result is stored in the compute dtype
   gemm: str = ""            # FP8 operand formats, or why not FP8
+  # The indices of its survival markers (the stored value's rounding, the
+  # FP8 dot) in the program XLA compiles: see `Report.with_compiled`.
+  stored_index: int | None = None
+  fp8_index: int | None = None
+
+  @property
+  def where(self) -> str:
+    """`file:line` of the innermost frame of the location outside
+    stablehlo_amp and JAX (the user's code), else the location as it is."""
+    for file, line in _FRAME.findall(self.loc):
+      if not any(part in file for part in _LIBRARY_PATHS):
+        return f"{file}:{line}"
+    return self.loc
 
   @property
   def reason(self) -> str:
@@ -61,6 +83,8 @@ class Report:
   bytes_before: Mapping[str, int] = dataclasses.field(default_factory=dict)
   bytes_after: Mapping[str, int] = dataclasses.field(default_factory=dict)
   memory: Mapping[str, int] | None = None  # XLA's memory_analysis, if compiled
+  # What XLA kept of the stored values and FP8 GEMMs, if compiled.
+  xla: survival.Survival | None = None
 
   @classmethod
   def from_json(cls, text: str, *, policy: str, level: str,
@@ -69,8 +93,9 @@ class Report:
     decisions = tuple(
         OpDecision(op=d["op"], precision=d["precision"], reason_id=d["reason"],
                    loc=d["loc"], detail=d.get("detail", ""),
-                   group=d.get("group"), stored=d.get("stored", False),
-                   gemm=d.get("gemm", ""))
+                   group=d.get("group"), stored="stored" in d,
+                   gemm=d.get("gemm", ""), stored_index=d.get("stored"),
+                   fp8_index=d.get("fp8"))
         for d in data["ops"])
     return cls(policy, level, target, decisions, data["converts_inserted"],
                data["converts_total"], data.get("bytes_before", {}),
@@ -78,6 +103,33 @@ class Report:
 
   def with_memory(self, memory: Mapping[str, int]) -> "Report":
     return dataclasses.replace(self, memory=dict(memory))
+
+  def with_compiled(self, hlo_text: str) -> "Report":
+    """The report with what XLA kept, read from the optimized program
+    (`Compiled.as_text()`): whether each stored value is a low-precision
+    buffer and each FP8 dot an FP8 GEMM."""
+    return dataclasses.replace(self, xla=survival.read(
+        hlo_text,
+        stored=[d.stored_index for d in self.decisions
+                if d.stored_index is not None],
+        fp8=[d.fp8_index for d in self.decisions if d.fp8_index is not None]))
+
+  def lost_in_xla(self) -> list[str]:
+    """One line per stored value or FP8 GEMM that XLA did not keep, with
+    the op and its location; empty if not compiled."""
+    if self.xla is None:
+      return []
+    lines = []
+    for d in self.decisions:
+      status = (self.xla.stored.get(d.stored_index)
+                if d.stored_index is not None else None)
+      if status not in (None, survival.KEPT):
+        lines.append(f"stored value of {d.op} at {d.where}: {status}")
+      status = (self.xla.fp8.get(d.fp8_index)
+                if d.fp8_index is not None else None)
+      if status not in (None,) + survival.KEPT_FP8:
+        lines.append(f"FP8 GEMM {d.op} at {d.where}: {status}")
+    return lines
 
   @property
   def lowered(self) -> collections.Counter:
@@ -186,4 +238,20 @@ class Report:
     if self.memory:
       lines.append("  XLA memory: " + ", ".join(
           f"{k} {_mib(v)}" for k, v in self.memory.items()))
+    if self.xla is not None:
+      kept = sum(v == survival.KEPT for v in self.xla.stored.values())
+      gemms = sum(v == survival.FP8_GEMM for v in self.xla.fp8.values())
+      emulated = sum(v == survival.EMULATED for v in self.xla.fp8.values())
+      parts = []
+      if self.xla.stored:
+        parts.append(f"{kept} of {len(self.xla.stored)} stored values are "
+                     f"{compute} buffers")
+      if self.xla.fp8:
+        parts.append(f"{gemms} of {len(self.xla.fp8)} FP8 dots are FP8 GEMMs"
+                     + (f", {emulated} emulated (FP8 operands widened)"
+                        if emulated else ""))
+      if parts:
+        lines.append("  kept by XLA: " + "; ".join(parts))
+      for line in self.lost_in_xla():
+        lines.append(f"    not kept: {line}")
     return "\n".join(lines)

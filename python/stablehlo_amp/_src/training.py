@@ -200,7 +200,7 @@ class _LossScaledProgram:
     self.fun = fun
     self.policy = as_policy(policy)
     known = {"level", "target", "dot_result", "storage", "keep_f32",
-             "force_compute"} | self._extra_options
+             "force_compute", "rematerialize", "strict"} | self._extra_options
     unknown = sorted(set(options) - known)
     if unknown:
       raise TypeError(f"unexpected options: {', '.join(unknown)} (accepted: "

@@ -505,6 +505,7 @@ class Lowered:
             "outputs": memory.output_size_in_bytes,
             "aliased": memory.alias_size_in_bytes,
             "temporaries": memory.temp_size_in_bytes})
+      report = report.with_compiled(self._compiled.as_text())
     return report
 
   @property
@@ -512,10 +513,22 @@ class Lowered:
     """Seconds spent exporting and rewriting (XLA compile: time `compile`)."""
     return self._program.timings if self._program else Timings()
 
-  def compile(self) -> Any:
-    """The XLA executable (`memory_analysis()`, `as_text()`, ...)."""
+  def compile(self, compiler_options: dict | None = None) -> Any:
+    """The XLA executable (`memory_analysis()`, `as_text()`, ...).
+
+    A stored value XLA did not keep as a low-precision buffer, or an FP8
+    dot whose FP8 rounding it dropped, is a warning (the report lists
+    them)."""
     if self._compiled is None:
-      self._compiled = self._jax_lowered.compile()
+      self._compiled = self._jax_lowered.compile(
+          **({"compiler_options": compiler_options}
+             if compiler_options else {}))
+      report = self.report()
+      lost = report.lost_in_xla() if report is not None else []
+      if lost:
+        warnings.warn(f"stablehlo-amp: XLA did not keep {len(lost)} "
+                      "decision(s): " + "; ".join(lost[:3]) +
+                      (" ..." if len(lost) > 3 else ""), stacklevel=2)
     return self._compiled
 
 
@@ -728,7 +741,8 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
               force_compute: str | Iterable[str] = (),
               dot_result: str | None = None,
               storage: str | None = None, calibrate: Any = None,
-              tolerance: float | None = None) -> Transformed:
+              tolerance: float | None = None,
+              strict: bool = False) -> Transformed:
   """Rewrites `fun` to a mixed-precision policy; use it like `jax.jit(fun)`.
 
   Args:
@@ -781,7 +795,7 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
     fun = jax_compat.unwrap_jit(fun)
   options = pl.RewriteOptions.make(
       level=level, target=target, dot_result=dot_result, storage=storage,
-      keep_f32=keep_f32, force_compute=force_compute)
+      keep_f32=keep_f32, force_compute=force_compute, strict=strict)
   params_tuple = None if params is None else _as_tuple(params)
   if params_tuple is not None:
     _check_params(fun, params_tuple)
