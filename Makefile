@@ -63,7 +63,8 @@ JAX_END_DEPS := "pytest>=8" "lit>=18" "optax>=0.2"
 VENVS := .venvs
 
 .PHONY: all demo test lit pytest doctest sanitize deps build wheel clean \
-        test-jax-oldest test-jax-newest test-jax-range test-pypi-llvm
+        test-jax-oldest test-jax-newest test-jax-range test-pypi-llvm \
+        test-survival gpu-compile
 
 all: build
 
@@ -91,7 +92,7 @@ $(VENV)/.built-$(LLVM): $(VENV)/.deps-$(LLVM) $(SOURCES)
 	rm -f $(VENV)/.built-*
 	touch $@
 
-test: build lit pytest doctest sanitize test-jax-range test-pypi-llvm
+test: build lit pytest doctest sanitize test-survival test-jax-range test-pypi-llvm
 
 lit: build
 	lit -sv $(LIT_SUITES)
@@ -209,6 +210,24 @@ $(PYPI_VENV)/.built: $(PYPI_VENV)/.deps $(SOURCES)
 	env MLIR_DIR=$(PYPI_SITE)/mlir/lib/cmake/mlir $(PYPI_VENV)/bin/pip install -q --no-deps \
 	  --no-build-isolation -C build-dir='build/pypi-{wheel_tag}' .
 	touch $@
+
+# Does XLA keep what the passes decide? The XLA:CPU build of the GPU compile
+# harness at a tiny size: it fails when a stored value or FP8 GEMM is lost.
+test-survival: build
+	env JAX_PLATFORMS=cpu $(PY) bench/gpu_compile.py --target cpu --size smoke \
+	  --json build/gpu-compile-cpu-smoke.json
+
+# The same for an H100, compiled without a GPU: jax[cuda12] in a venv of its
+# own (about 2.4 GB of wheels, not part of `make test`).
+CUDA_VENV := $(VENVS)/cuda
+JAX_CUDA := $(shell $(PY) -c 'import jax; print(jax.__version__)' 2>/dev/null || echo 0.10.2)
+$(CUDA_VENV)/.deps-$(JAX_CUDA): Makefile
+	rm -rf $(CUDA_VENV) && $(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/pip install -q "jax[cuda12]==$(JAX_CUDA)" optax numpy
+	touch $@
+gpu-compile: $(CUDA_VENV)/.deps-$(JAX_CUDA) build/wheel/.done
+	$(CUDA_VENV)/bin/pip install -q --force-reinstall --no-deps dist/stablehlo_amp-*.whl
+	env JAX_PLATFORMS=cpu $(CUDA_VENV)/bin/python bench/gpu_compile.py
 
 demo: build
 	$(PY) examples/demo.py
