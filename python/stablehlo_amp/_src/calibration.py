@@ -1,14 +1,22 @@
-"""Accuracy-budgeted rewriting: keep the fewest op groups in f32 that bring
-every output within a tolerance of f32 on calibration inputs.
+"""Accuracy-budgeted rewriting: keep a small set of op groups in f32 that
+brings every output within a tolerance of f32 on calibration inputs.
 
 A group is one matrix multiply the policy would lower and the ops painted low
 with it (the report's `group`; `amp-insert-converts{keep-groups=...}` keeps
-groups in f32). Calibration runs the f32 program and the mixed one on the
-inputs; when some output is off by more than the tolerance (relative to its
-f32 norm), it measures each group's contribution (the error with only that
-group kept in f32), then keeps groups in order of contribution, finding the
-shortest prefix that meets the tolerance by bisection. The cost is one
-compile per group plus a few: `Calibration.compiles` says how many.
+groups in f32); storage precision is one more group. Calibration runs the f32
+program and the mixed one on the inputs. When some output is off by more
+than the tolerance, it searches by backward elimination: start from every
+group in f32, then, one group at a time in program order, lower the group and
+keep it low if the budget still holds. Groups that matter only together
+(two dots whose results cancel) stay f32 together, which ranking groups by
+their effect alone cannot see. The result is minimal: lowering any one kept
+group breaks the budget. The cost is one compile per group plus three:
+`Calibration.compiles` says how many.
+
+Two error measures, per output, the largest over outputs:
+  "norm"     ||got - f32|| / ||f32|| (the default)
+  "max_abs"  max |got - f32| / max |f32|
+Integer outputs must match exactly.
 """
 
 from __future__ import annotations
@@ -32,12 +40,18 @@ from stablehlo_amp._src.policy import Policy
 
 @dataclasses.dataclass(frozen=True)
 class GroupEffect:
-  """One group: its matrix multiply's location and how much keeping it in
-  f32 alone lowers the largest relative output error."""
+  """One group: its matrix multiply's location and the error measured when
+  the search lowered it (with the groups decided before it), or None when it
+  was not measured (the budget held with every group low, or not even all
+  groups in f32 met it)."""
   group: int
   loc: str
-  error_if_kept: float
-  contribution: float
+  error_if_low: float | None
+  kept: bool
+
+
+# The error measures (see the module doc).
+ERROR_MEASURES = ("norm", "max_abs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +65,7 @@ class Calibration:
   compiles: int                  # programs compiled (the f32 one included)
   seconds: float
   seconds_per_compile: float     # the f32 program's compile and run
+  measure: str = "norm"          # one of ERROR_MEASURES
 
   @property
   def cost_in_compiles(self) -> float:
@@ -58,18 +73,19 @@ class Calibration:
     return self.seconds / max(self.seconds_per_compile, 1e-9)
 
   def __str__(self) -> str:
-    lines = [f"calibration: tolerance {self.tolerance:g}, error without f32 "
-             f"groups {self.error_f32_free:.3g}, with {len(self.kept)} of "
-             f"{len(self.effects)} groups kept in f32 {self.error:.3g}; "
-             f"{self.compiles} compiles, {self.seconds:.1f} s "
-             f"({self.cost_in_compiles:.1f}x one compile)"]
-    for effect in sorted(self.effects, key=lambda e: -e.contribution):
-      mark = "kept f32" if effect.group in self.kept else "low"
+    lines = [f"calibration: tolerance {self.tolerance:g} ({self.measure}), "
+             f"error without f32 groups {self.error_f32_free:.3g}, with "
+             f"{len(self.kept)} of {len(self.effects)} groups kept in f32 "
+             f"{self.error:.3g}; {self.compiles} compiles, "
+             f"{self.seconds:.1f} s ({self.cost_in_compiles:.1f}x one "
+             "compile)"]
+    for effect in self.effects:
+      mark = "kept f32" if effect.kept else "low"
       name = ("storage" if effect.group == STORAGE_GROUP else
               f"group {effect.group}")
-      lines.append(f"  {name} ({mark}): error if kept "
-                   f"{effect.error_if_kept:.3g}, contribution "
-                   f"{effect.contribution:.3g}  {effect.loc}")
+      measured = ("not measured" if effect.error_if_low is None else
+                  f"error if low {effect.error_if_low:.3g}")
+      lines.append(f"  {name} ({mark}): {measured}  {effect.loc}")
     return "\n".join(lines)
 
 
@@ -105,9 +121,11 @@ def load_inputs(path: str) -> list[np.ndarray]:
     return [np.asarray(data[name]) for name in order]
 
 
-def _relative_error(got: Sequence[Any], want: Sequence[Any]) -> float:
-  """The largest error over outputs, relative to each f32 output's norm;
-  integer outputs must match exactly (else inf)."""
+def _relative_error(got: Sequence[Any], want: Sequence[Any],
+                    measure: str = "norm") -> float:
+  """The largest error over outputs, relative to each f32 output (its norm,
+  or its largest magnitude for "max_abs"); integer outputs must match
+  exactly (else inf)."""
   worst = 0.0
   for g, w in zip(got, want):
     g, w = np.asarray(g), np.asarray(w)
@@ -118,9 +136,20 @@ def _relative_error(got: Sequence[Any], want: Sequence[Any]) -> float:
     g, w = g.astype(np.float64), w.astype(np.float64)
     if not np.all(np.isfinite(g)):
       return float("inf")
-    norm = np.linalg.norm(w)
-    worst = max(worst, float(np.linalg.norm(g - w) / (norm if norm else 1.0)))
+    if measure == "max_abs":
+      error, scale = np.max(np.abs(g - w), initial=0.0), np.max(
+          np.abs(w), initial=0.0)
+    else:
+      error, scale = np.linalg.norm(g - w), np.linalg.norm(w)
+    worst = max(worst, float(error / (scale if scale else 1.0)))
   return worst
+
+
+def check_measure(measure: str) -> str:
+  if measure not in ERROR_MEASURES:
+    raise ValueError(f"error_measure={measure!r}: expected one of "
+                     f"{', '.join(map(repr, ERROR_MEASURES))}")
+  return measure
 
 
 def _runner(module: ir.Module):
@@ -148,12 +177,14 @@ def _runner(module: ir.Module):
 
 def calibrate(module: ir.Module, policy: Policy, options: pl.RewriteOptions,
               inputs: Sequence[Any], *, tolerance: float,
-              context: ir.Context, source_name: str = "<module>"
+              context: ir.Context, source_name: str = "<module>",
+              measure: str = "norm"
               ) -> tuple[pl.RewriteResult, Calibration]:
-  """Rewrites `module` keeping the fewest groups in f32 that bring every
-  output within `tolerance` of f32 on `inputs` (see the module doc)."""
+  """Rewrites `module` keeping a minimal set of groups in f32 that brings
+  every output within `tolerance` of f32 on `inputs` (see the module doc)."""
   if not tolerance > 0:
     raise ValueError(f"tolerance must be positive, got {tolerance}")
+  check_measure(measure)
   start = time.perf_counter()
   compiles = 0
 
@@ -174,7 +205,7 @@ def calibrate(module: ir.Module, policy: Policy, options: pl.RewriteOptions,
 
   def error_of(groups: Sequence[int]) -> tuple[pl.RewriteResult, float]:
     result = rewrite(groups)
-    return result, _relative_error(run(result.module), reference)
+    return result, _relative_error(run(result.module), reference, measure)
 
   base, base_error = error_of(())
   report = base.report
@@ -185,42 +216,33 @@ def calibrate(module: ir.Module, policy: Policy, options: pl.RewriteOptions,
     # Rounding stored results is an error source of its own: a candidate
     # like the groups, so calibration can reach f32 when it must.
     groups[STORAGE_GROUP] = "results stored in the compute dtype"
-  effects, kept, result, error = [], (), base, base_error
+  order = sorted(groups)  # storage first, then the groups in program order
+  kept, result, error = (), base, base_error
+  measured: dict[int, float] = {}
   if base_error > tolerance and groups:
-    for group, loc in sorted(groups.items()):
-      _, kept_error = error_of((group,))
-      effects.append(GroupEffect(group, loc, kept_error,
-                                 base_error - kept_error))
-    ranked = [e.group for e in sorted(effects, key=lambda e: -e.contribution)]
-    # The shortest prefix of the ranking that meets the tolerance.
-    low, high = 1, len(ranked)
-    best = None
-    while low <= high:
-      middle = (low + high) // 2
-      candidate, candidate_error = error_of(ranked[:middle])
-      if candidate_error <= tolerance:
-        best = (tuple(sorted(ranked[:middle])), candidate, candidate_error)
-        high = middle - 1
-      else:
-        low = middle + 1
-    if best is None:  # even everything in f32 is off: keep all
-      everything = tuple(sorted(ranked))
-      result, error = error_of(everything)
-      kept = everything
-    else:
-      kept, result, error = best
-  elif groups:
-    effects = [GroupEffect(g, loc, base_error, 0.0)
-               for g, loc in sorted(groups.items())]
+    result, error = error_of(order)
+    kept = tuple(order)
+    if error <= tolerance:
+      # Backward elimination: lower each group in turn while the budget
+      # holds with it low.
+      for group in order:
+        candidate = tuple(g for g in kept if g != group)
+        candidate_result, candidate_error = error_of(candidate)
+        measured[group] = candidate_error
+        if candidate_error <= tolerance:
+          kept, result, error = candidate, candidate_result, candidate_error
+  effects = tuple(GroupEffect(g, groups[g], measured.get(g), g in kept)
+                  for g in order)
   seconds = time.perf_counter() - start
-  return result, Calibration(tolerance, base_error, error, kept,
-                             tuple(effects), compiles, seconds, per_compile)
+  return result, Calibration(tolerance, base_error, error, kept, effects,
+                             compiles, seconds, per_compile, measure)
 
 
 def calibrate_module(source: str | bytes, policy: Policy,
                      options: pl.RewriteOptions, inputs: Sequence[Any], *,
                      tolerance: float, source_name: str,
-                     context: ir.Context) -> pl.RewriteResult:
+                     context: ir.Context,
+                     measure: str = "norm") -> pl.RewriteResult:
   """`amp-opt --calibrate`: parse, calibrate, and return the rewrite; its
   report gains the calibration (printed with --report)."""
   form = pl.SourceForm()
@@ -233,7 +255,7 @@ def calibrate_module(source: str | bytes, policy: Policy,
           f"calibration inputs hold {len(inputs)} arrays")
     result, calibration = calibrate(module, policy, options, inputs,
                                     tolerance=tolerance, context=context,
-                                    source_name=source_name)
+                                    source_name=source_name, measure=measure)
   result.form = form
   result.calibration = calibration
   return result

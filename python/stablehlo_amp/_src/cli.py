@@ -28,7 +28,8 @@ exit status: 0 success, 1 invalid IR (or a failed rewrite), 2 bad usage or polic
 # --pass-pipeline they do not apply.
 _PIPELINE_FLAGS = {"policy": None, "level": None, "target": None,
                    "dot_result": None, "storage": None, "keep_f32": [],
-                   "force_compute": [], "calibrate": None, "tolerance": None}
+                   "force_compute": [], "calibrate": None, "tolerance": None,
+                   "error_measure": None}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,12 +88,15 @@ def _build_parser() -> argparse.ArgumentParser:
                       metavar="OPS", help="comma-separated op names forced "
                       "into the compute dtype")
   parser.add_argument("--calibrate", metavar="INPUTS.npz",
-                      help="keep in f32 the fewest op groups that bring every "
-                      "output within --tolerance of f32 on these inputs "
-                      "(arrays arg0, arg1, ... in argument order)")
+                      help="keep in f32 a minimal set of op groups that brings "
+                      "every output within --tolerance of f32 on these "
+                      "inputs (arrays arg0, arg1, ... in argument order)")
   parser.add_argument("--tolerance", type=float,
                       help="with --calibrate: the largest error allowed, "
                       "relative to each output's f32 norm (default: 1e-2)")
+  parser.add_argument("--error-measure", choices=("norm", "max_abs"),
+                      help="with --calibrate: norm (||got - f32|| / ||f32||, "
+                      "default) or max_abs (max |got - f32| / max |f32|)")
   parser.add_argument("--emit",
                       choices=("pretty", "generic", "bytecode", "portable"),
                       help="output form (default: a portable artifact for a "
@@ -198,6 +202,8 @@ def _check_usage(args) -> str | None:
               "{policy=p=f32,c=bf16,o=f32 target=gpu})'")
   if args.tolerance is not None and args.calibrate is None:
     return "--tolerance needs --calibrate"
+  if args.error_measure is not None and args.calibrate is None:
+    return "--error-measure needs --calibrate"
   return None
 
 
@@ -267,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
           result = cal.calibrate_module(
               chunk, policy, options, calibration,
               tolerance=args.tolerance or 1e-2, source_name=name,
-              context=context)
+              context=context, measure=args.error_measure or "norm")
         else:
           result = pl.rewrite_module(chunk, policy, options,
                                      report=args.report, source_name=name,

@@ -159,8 +159,8 @@ class _Spec:
     return [jax_compat.shaped_array(tuple(a.shape), a.dtype) for a in outputs]
 
   def calibrate(self, avals: Sequence[Any], inputs: Sequence[Any],
-                tolerance: float) -> Any:
-    """Keeps in f32 the fewest groups that bring every output within
+                tolerance: float, measure: str = "norm") -> Any:
+    """Keeps in f32 a minimal set of groups that brings every output within
     `tolerance` of f32 on `inputs` (the flat leaves), for these avals; the
     program built next uses the decision."""
     from stablehlo_amp._src import calibration
@@ -177,7 +177,8 @@ class _Spec:
     inputs = [np.asarray(inputs[i]) for i in marked.kept]
     _, decided = calibration.calibrate(
         marked.module, self.policy, self.options, inputs,
-        tolerance=tolerance, context=pl.ir_context(), source_name=self.name)
+        tolerance=tolerance, context=pl.ir_context(), source_name=self.name,
+        measure=measure)
     self._options_by_key[key] = self.options.replace(
         keep_groups=tuple(g for g in decided.kept
                           if g != calibration.STORAGE_GROUP),
@@ -542,13 +543,15 @@ class Transformed:
                options: pl.RewriteOptions, static_argnums: tuple,
                static_argnames: tuple, donate_argnums: tuple,
                donate_argnames: tuple, in_shardings: Any, out_shardings: Any,
-               calibrate: Any = None, tolerance: float | None = None):
+               calibrate: Any = None, tolerance: float | None = None,
+               error_measure: str = "norm"):
     self.fun = fun
     self.policy = policy
     self._options = options
     # None, True (the first call's inputs) or the arguments to calibrate on.
     self._calibrate = calibrate
     self._tolerance = tolerance
+    self._error_measure = error_measure
     self._static = _Arguments(fun, static_argnums, static_argnames)
     self._params = None if params is None else _Arguments(
         fun, [p for p in params if isinstance(p, int)],
@@ -615,7 +618,7 @@ class Transformed:
         raise TypeError("the calibrate= arguments do not have the structure "
                         "(or static arguments) of the call")
       inputs = calibration_leaves
-    spec.calibrate(avals, inputs, self._tolerance)
+    spec.calibrate(avals, inputs, self._tolerance, self._error_measure)
 
   # -- tracing -------------------------------------------------------------
 
@@ -741,7 +744,7 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
               force_compute: str | Iterable[str] = (),
               dot_result: str | None = None,
               storage: str | None = None, calibrate: Any = None,
-              tolerance: float | None = None,
+              tolerance: float | None = None, error_measure: str = "norm",
               strict: bool = False) -> Transformed:
   """Rewrites `fun` to a mixed-precision policy; use it like `jax.jit(fun)`.
 
@@ -763,14 +766,18 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
     storage: ``"f32"`` or ``"compute"``: whether large f32 results that are
       read again later are stored rounded to the compute dtype (default: the
       target's).
-    calibrate, tolerance: the accuracy budget (opt in). With ``calibrate=
-      True`` the first call's inputs, or with ``calibrate=(args...)`` the
-      given ones, are run through the f32 and the mixed program, and the
-      fewest matrix-multiply groups are kept in f32 that bring every output
-      within `tolerance` (default 1e-2) of f32, relative to its norm. The
-      decision is made once per input signature and cached with the
+    calibrate, tolerance, error_measure: the accuracy budget (opt in). With
+      ``calibrate=True`` the first call's inputs, or with
+      ``calibrate=(args...)`` the given ones, are run through the f32 and
+      the mixed program, and a minimal set of matrix-multiply groups is kept
+      in f32 that brings every output within `tolerance` (default 1e-2) of
+      f32: by backward elimination, from every group in f32, each group is
+      lowered if the budget still holds. `error_measure` is ``"norm"``
+      (``|got - f32| / |f32|`` in the 2-norm, default) or ``"max_abs"``
+      (the largest elementwise difference over the largest f32 magnitude).
+      The decision is made once per input signature and cached with the
       program; ``.lower(...).calibration`` says what was kept and what it
-      cost (about one compile per group).
+      cost (one compile per group, plus three).
 
   The result composes with `jax.jit`, `jax.grad`, `jax.vjp`, `jax.jvp` and
   `jax.vmap`: each derived program is lowered and rewritten with the same
@@ -802,6 +809,11 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
   if tolerance is not None and calibrate is None:
     raise TypeError("tolerance= is the calibration's budget: it needs "
                     "calibrate=True or calibrate=(args...)")
+  if error_measure != "norm" and calibrate is None:
+    raise TypeError("error_measure= measures the calibration's budget: it "
+                    "needs calibrate=True or calibrate=(args...)")
+  from stablehlo_amp._src.calibration import check_measure
+  check_measure(error_measure)
   if calibrate is False:
     calibrate = None
   if calibrate is not None:
@@ -819,4 +831,4 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
       donate_argnums=merged("donate_argnums", donate_argnums),
       donate_argnames=merged("donate_argnames", donate_argnames),
       in_shardings=in_shardings, out_shardings=out_shardings,
-      calibrate=calibrate, tolerance=tolerance)
+      calibrate=calibrate, tolerance=tolerance, error_measure=error_measure)
