@@ -215,3 +215,24 @@ def test_strict_keeps_every_rounding_in_the_compiled_program():
     if not strict:
       reference = float(metrics["loss"])
   assert abs(float(metrics["loss"]) - reference) <= 1e-2 * abs(reference)
+
+
+def test_amp_opt_strict_and_rematerialize_flags(tmp_path, capfd):
+  from stablehlo_amp._src import cli
+  source = tmp_path / "program.mlir"
+  source.write_text(jax.jit(program).lower(*_inputs()).as_text())
+  outputs = {}
+  for flags in ((), ("--strict",)):
+    out = tmp_path / f"out{len(flags)}.mlir"
+    status = cli.main([str(source), "--level", "O3", "--target", "cpu",
+                       *flags, "-o", str(out)])
+    assert status == 0, capfd.readouterr().err
+    outputs[flags] = out.read_text()
+  assert "reduce_precision" not in outputs[()]
+  assert "reduce_precision" in outputs[("--strict",)]
+  assert cli.main([str(source), "--rematerialize", "off", "-o",
+                   str(tmp_path / "r.mlir")]) == 0
+  assert cli.main([str(source), "--strict", "--pass-pipeline",
+                   "builtin.module(amp-simplify-converts)"]) == 2
+  assert "--strict does not apply with --pass-pipeline" in (
+      capfd.readouterr().err)

@@ -29,7 +29,8 @@ exit status: 0 success, 1 invalid IR (or a failed rewrite), 2 bad usage or polic
 _PIPELINE_FLAGS = {"policy": None, "level": None, "target": None,
                    "dot_result": None, "storage": None, "keep_f32": [],
                    "force_compute": [], "calibrate": None, "tolerance": None,
-                   "error_measure": None}
+                   "error_measure": None, "strict": False,
+                   "rematerialize": None}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,6 +82,13 @@ def _build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--storage", choices=contract.choices(insert, "storage"),
                       help="store large f32 results that are read again "
                       "later in the compute dtype (default: the target's)")
+  parser.add_argument("--strict", action="store_true",
+                      help="every rounding the painted module describes in a "
+                      "form XLA keeps (reduce_precision)")
+  parser.add_argument("--rematerialize", choices=("on", "off"),
+                      help="on a training step, recompute cheap elementwise "
+                      "residuals in the backward pass (default: the "
+                      "target's: on for gpu/tpu)")
   parser.add_argument("--keep-f32", action="append", default=[],
                       metavar="OPS", help="comma-separated op names kept f32 "
                       "(e.g. tanh,stablehlo.logistic)")
@@ -238,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
       options = pl.RewriteOptions.make(
           level=args.level, target=args.target, dot_result=args.dot_result,
           storage=args.storage, keep_f32=_split_ops(args.keep_f32),
-          force_compute=_split_ops(args.force_compute))
+          force_compute=_split_ops(args.force_compute), strict=args.strict,
+          rematerialize=(None if args.rematerialize is None else
+                         args.rematerialize == "on"))
   except (ValueError, TypeError) as error:
     return _usage(str(error))
 
