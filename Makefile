@@ -157,8 +157,22 @@ $(JAX_NEW_VENV)/.deps: Makefile
 	  $(JAX_END_DEPS) $(BUILD_DEPS)
 	touch $@
 
+# The wheel with only what it declares (and the oldest JAX): it must import
+# and run before any test dependency (optax pulls absl-py, for one) is there.
+JAX_BARE_VENV := $(VENVS)/jax-$(JAX_OLDEST)-bare
+$(JAX_BARE_VENV)/.checked: build/wheel/.done
+	rm -rf $(JAX_BARE_VENV) && $(PYTHON) -m venv $(JAX_BARE_VENV)
+	$(JAX_BARE_VENV)/bin/pip install -q dist/stablehlo_amp-*.whl "jax==$(JAX_OLDEST)" \
+	  "jaxlib==$(JAX_OLDEST)"
+	$(JAX_BARE_VENV)/bin/pip check
+	cd /tmp && env JAX_PLATFORMS=cpu $(abspath $(JAX_BARE_VENV))/bin/python -c \
+	  'import jax, jax.numpy as jnp, stablehlo_amp as amp; \
+	   f = amp.transform(lambda w, x: jnp.tanh(x @ w), "p=f32,c=bf16,o=f32"); \
+	   print("bare wheel, jax", jax.__version__, f(jnp.ones((8, 8)), jnp.ones((2, 8))).dtype)'
+	touch $@
+
 # The oldest end runs on the wheel (`make wheel`), installed by itself.
-$(JAX_OLD_VENV)/.installed: $(JAX_OLD_VENV)/.deps build/wheel/.done
+$(JAX_OLD_VENV)/.installed: $(JAX_OLD_VENV)/.deps build/wheel/.done $(JAX_BARE_VENV)/.checked
 	$(JAX_OLD_VENV)/bin/pip install -q --force-reinstall --no-deps dist/stablehlo_amp-*.whl
 	$(JAX_OLD_VENV)/bin/pip check
 	touch $@

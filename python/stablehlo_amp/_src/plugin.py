@@ -87,7 +87,7 @@ def _missing_everywhere(path: str) -> list[str]:
           if not any(os.path.exists(os.path.join(d, name)) for d in dirs)]
 
 
-def _install_hint(needed: list[str]) -> str:
+def install_hint(needed: list[str]) -> str:
   """Which LLVM 22 the plugin was built against, from its sonames (Debian
   versions them, the PyPI wheels do not), and where its mlir-opt is."""
   if "libMLIR.so" in needed:
@@ -115,5 +115,17 @@ def plugin_path(check: bool = True) -> str:
           f"the pass plugin {path} needs LLVM 22's shared libraries, which "
           f"are missing here: {', '.join(missing)}. The rest of stablehlo-amp "
           "(transform, train_step, amp-opt) does not need them. "
-          + _install_hint(needed_libraries(path)))
+          + install_hint(needed_libraries(path)))
   return path
+
+
+def mlir_opt_path() -> str | None:
+  """The `mlir-opt` of the LLVM 22 the plugin was built against (recorded
+  at build time), or None when this machine does not have it (a wheel
+  built elsewhere): then `install_hint` says which one to install."""
+  try:
+    recorded = (importlib.resources.files("stablehlo_amp") /
+                "plugin_mlir_opt.txt").read_text().strip()
+  except OSError:
+    return None
+  return recorded if recorded and os.access(recorded, os.X_OK) else None
