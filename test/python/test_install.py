@@ -74,7 +74,6 @@ def test_the_plugin_knows_the_mlir_opt_it_loads_into():
   assert "--amp-insert-converts" in out.stdout
 
 
-@pytest.mark.skipif(shutil.which("lit") is None, reason="lit not installed")
 def test_plugin_tests_use_that_mlir_opt_whatever_path_holds(tmp_path):
   """Another LLVM 22's mlir-opt first on PATH (and in AMP_LLVM_BIN) must not
   be the one the plugin tests run."""
@@ -87,8 +86,10 @@ def test_plugin_tests_use_that_mlir_opt_whatever_path_holds(tmp_path):
   llvm_bin = os.path.dirname(shutil.which("FileCheck") or "")
   env = dict(os.environ, PATH=f"{impostor}{os.pathsep}{os.environ['PATH']}",
              AMP_LLVM_BIN=f"{impostor}{os.pathsep}{llvm_bin}")
-  result = subprocess.run([shutil.which("lit"), "-q", str(REPO / "test" /
-                                                         "plugin")],
+  pytest.importorskip("lit")
+  result = subprocess.run([sys.executable, "-c",
+                           "import sys; from lit.main import main; main()",
+                           "-q", str(REPO / "test" / "plugin")],
                           capture_output=True, text=True, env=env)
   assert result.returncode == 0, result.stdout + result.stderr
   assert "impostor" not in result.stdout + result.stderr
