@@ -83,7 +83,9 @@ def test_plugin_tests_use_that_mlir_opt_whatever_path_holds(tmp_path):
   fake.write_text("#!/bin/sh\necho 'Failed to load passes from the "
                   "impostor' >&2\nexit 1\n")
   fake.chmod(0o755)
-  llvm_bin = os.path.dirname(shutil.which("FileCheck") or "")
+  # FileCheck and not from the LLVM that make uses, else the plugin's.
+  llvm_bin = os.environ.get("AMP_LLVM_BIN") or os.path.dirname(
+      amp.plugin_mlir_opt())
   env = dict(os.environ, PATH=f"{impostor}{os.pathsep}{os.environ['PATH']}",
              AMP_LLVM_BIN=f"{impostor}{os.pathsep}{llvm_bin}")
   pytest.importorskip("lit")
