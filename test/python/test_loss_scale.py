@@ -498,3 +498,101 @@ def test_compiled_noop_scale_still_checks_gradients():
   np.testing.assert_allclose(grads, jax.grad(_dot_loss)(w, x), rtol=1e-2)
   (_, _), finite, _ = vg(w, jnp.full((8, 8), jnp.nan), loss_scale=ls)
   assert not bool(finite)
+
+
+# -- checkpoints -------------------------------------------------------------------
+
+
+def _checkpoint_setup():
+  keys = jax.random.split(jax.random.key(7), 3)
+  params = {"w": jax.random.normal(keys[0], (32, 16)) / 6,
+            "b": jnp.zeros(16)}
+  batches = [(jax.random.normal(k, (8, 32)),) for k in
+             jax.random.split(keys[1], 6)]
+
+  def loss(p, batch):
+    (x,) = batch
+    return jnp.mean(jnp.tanh(x @ p["w"] + p["b"]) ** 2)
+
+  step = amp.train_step(loss, optax.adam(1e-2), "p=f32,c=f16,o=f32",
+                        loss_scale=amp.DynamicLossScale(2.0 ** 8,
+                                                        growth_interval=2))
+  return step, params, batches
+
+
+def _leaves_equal(a, b) -> bool:
+  return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in
+             zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+def test_flax_serialization_round_trips_a_train_state_and_resumes():
+  serialization = pytest.importorskip("flax.serialization")
+  step, params, batches = _checkpoint_setup()
+  straight = step.init(params)
+  for batch in batches:
+    straight, _ = step(straight, batch)
+  state = step.init(params)
+  for batch in batches[:3]:
+    state, _ = step(state, batch)
+  data = serialization.to_bytes(state)
+  restored = serialization.from_bytes(step.init(params), data)
+  assert isinstance(restored.loss_scale, amp.DynamicLossScale)
+  assert restored.loss_scale.growth_interval == 2
+  assert _leaves_equal(restored, state)
+  for batch in batches[3:]:
+    restored, _ = step(restored, batch)
+  assert _leaves_equal(restored, straight)
+  # The configuration comes from the checkpoint, not from the target.
+  other = step.init(params)._replace(loss_scale=amp.DynamicLossScale())
+  assert serialization.from_bytes(other, data).loss_scale.growth_interval == 2
+
+
+@pytest.mark.parametrize("loss_scale", [amp.NoOpLossScale(),
+                                        amp.StaticLossScale(128.0)])
+def test_flax_serialization_of_the_other_loss_scales(loss_scale):
+  serialization = pytest.importorskip("flax.serialization")
+  restored = serialization.from_bytes(loss_scale,
+                                      serialization.to_bytes(loss_scale))
+  assert type(restored) is type(loss_scale)
+  assert float(restored.loss_scale) == float(loss_scale.loss_scale)
+
+
+def test_orbax_round_trips_a_train_state_and_resumes(tmp_path):
+  ocp = pytest.importorskip("orbax.checkpoint")
+  step, params, batches = _checkpoint_setup()
+  straight = step.init(params)
+  for batch in batches:
+    straight, _ = step(straight, batch)
+  state = step.init(params)
+  for batch in batches[:3]:
+    state, _ = step(state, batch)
+  checkpointer = ocp.StandardCheckpointer()
+  checkpointer.save(tmp_path / "ckpt", state)
+  checkpointer.wait_until_finished()
+  abstract = jax.eval_shape(step.init, params)
+  restored = checkpointer.restore(tmp_path / "ckpt", abstract)
+  assert isinstance(restored.loss_scale, amp.DynamicLossScale)
+  assert _leaves_equal(restored, state)
+  for batch in batches[3:]:
+    restored, _ = step(restored, batch)
+  assert _leaves_equal(restored, straight)
+
+
+@pytest.mark.parametrize("value, hint", [
+    (1024.0, r"amp.StaticLossScale\(1024.0\) for a fixed scale"),
+    (2 ** 15, r"amp.DynamicLossScale\(32768\) for one that adapts"),
+    ("dynamic", r"amp.DynamicLossScale\(\)"),
+    ("static", r"amp.StaticLossScale\(scale\)"),
+    (jnp.float32(8.0), r"expected amp.NoOpLossScale\(\), "
+     r"amp.StaticLossScale\(scale\) or amp.DynamicLossScale"),
+])
+def test_a_loss_scale_that_is_not_one_is_an_error_when_made(value, hint):
+  loss = lambda p, b: jnp.sum(p * b)
+  with pytest.raises(TypeError, match=hint):
+    amp.train_step(loss, optax.sgd(0.1), "p=f32,c=f16,o=f32",
+                   loss_scale=value)
+  with pytest.raises(TypeError, match=hint):
+    amp.value_and_grad(loss, "p=f32,c=f16,o=f32")(jnp.ones(3), jnp.ones(3),
+                                                  loss_scale=value)
+  with pytest.raises(TypeError, match=hint):
+    amp.PrecisionHandler("p=f32,c=f16,o=f32", loss_scale=value)

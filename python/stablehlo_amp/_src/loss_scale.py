@@ -241,8 +241,81 @@ class DynamicLossScale(_LossScaleBase):
 LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
 
 
+def check_loss_scale(value: Any, where: str = "loss_scale") -> Any:
+  """`value` if it is a loss scale (or None), else a TypeError that says
+  which object to pass instead."""
+  if value is None or isinstance(value, (NoOpLossScale, StaticLossScale,
+                                         DynamicLossScale)):
+    return value
+  accepted = ("amp.NoOpLossScale(), amp.StaticLossScale(scale) or "
+              "amp.DynamicLossScale(initial_scale, ...)")
+  if isinstance(value, str) and value.strip().lower() in ("dynamic",
+                                                          "static", "none"):
+    hint = {"dynamic": "amp.DynamicLossScale()",
+            "static": "amp.StaticLossScale(scale)",
+            "none": "amp.NoOpLossScale()"}[value.strip().lower()]
+    raise TypeError(f"{where}={value!r}: pass a loss-scale object, "
+                    f"{hint} (accepted: {accepted})")
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    raise TypeError(f"{where}={value!r}: pass a loss-scale object: "
+                    f"amp.StaticLossScale({value!r}) for a fixed scale, or "
+                    f"amp.DynamicLossScale({value!r}) for one that adapts "
+                    f"(accepted: {accepted})")
+  raise TypeError(f"{where}={value!r} ({type(value).__name__}): expected "
+                  f"{accepted}")
+
+
 def default_loss_scale(compute_dtype) -> LossScale:
   """f16 compute gets dynamic scaling; bf16 and f32 need none."""
   if jnp.dtype(compute_dtype) == jnp.float16:
     return DynamicLossScale()
   return NoOpLossScale()
+
+
+def _register_flax_serialization() -> None:
+  """`flax.serialization.to_bytes`/`from_bytes` of loss scales, and so of a
+  whole `TrainState`, when flax is installed (flax stores unregistered
+  objects as opaque leaves msgpack cannot write). The configuration is
+  saved with the tensors and restored from the checkpoint."""
+  import importlib.util
+  if importlib.util.find_spec("flax") is None:
+    return
+  from flax import serialization
+
+  def dynamic_to_state(ls: DynamicLossScale) -> dict:
+    return {"loss_scale": serialization.to_state_dict(ls.loss_scale),
+            "counter": serialization.to_state_dict(ls.counter),
+            "growth_interval": ls.growth_interval,
+            "growth_factor": ls.growth_factor,
+            "backoff_factor": ls.backoff_factor,
+            "min_scale": ls.min_scale, "max_scale": ls.max_scale}
+
+  def dynamic_from_state(target: DynamicLossScale,
+                         state: dict) -> DynamicLossScale:
+    config = {name: state.get(name, getattr(target, name)) for name in
+              ("growth_interval", "growth_factor", "backoff_factor",
+               "min_scale", "max_scale")}
+    return DynamicLossScale(
+        serialization.from_state_dict(target.loss_scale, state["loss_scale"]),
+        counter=serialization.from_state_dict(target.counter,
+                                              state["counter"]),
+        **config)
+
+  def static_to_state(ls: StaticLossScale) -> dict:
+    return {"loss_scale": serialization.to_state_dict(ls.loss_scale)}
+
+  def static_from_state(target: StaticLossScale,
+                        state: dict) -> StaticLossScale:
+    return StaticLossScale(serialization.from_state_dict(target.loss_scale,
+                                                         state["loss_scale"]))
+
+  serialization.register_serialization_state(
+      DynamicLossScale, dynamic_to_state, dynamic_from_state, override=True)
+  serialization.register_serialization_state(
+      StaticLossScale, static_to_state, static_from_state, override=True)
+  serialization.register_serialization_state(
+      NoOpLossScale, lambda ls: {}, lambda target, state: target,
+      override=True)
+
+
+_register_flax_serialization()

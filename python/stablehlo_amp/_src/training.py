@@ -24,7 +24,8 @@ from stablehlo_amp._src import contract
 from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
-from stablehlo_amp._src.loss_scale import LossScale, default_loss_scale
+from stablehlo_amp._src.loss_scale import (LossScale, check_loss_scale,
+                                           default_loss_scale)
 from stablehlo_amp._src.policy import Policy, as_policy
 from stablehlo_amp._src.transform import (Lowered, _is_float, _name,
                                           _OuterJit)
@@ -279,12 +280,14 @@ class ValueAndGrad(_LossScaledProgram):
             {i: a for i, a in enumerate(args) if i not in positions})
 
   def __call__(self, *args, loss_scale: LossScale | None = None, **kwargs):
+    check_loss_scale(loss_scale)
     if loss_scale is None:
       loss_scale = default_loss_scale(self.policy.compute_dtype)
     return self._outer(args, kwargs, loss_scale)
 
   def lower(self, *args, loss_scale: LossScale | None = None,
             **kwargs) -> Lowered:
+    check_loss_scale(loss_scale)
     if loss_scale is None:
       loss_scale = default_loss_scale(self.policy.compute_dtype)
     jax_lowered = self._outer.lower(args, kwargs, loss_scale)
@@ -375,6 +378,7 @@ class TrainStep(_LossScaledProgram):
     self.optimizer = optimizer
     self.has_aux = has_aux
     self.donate = donate
+    check_loss_scale(loss_scale)
     self._initial_loss_scale = (loss_scale if loss_scale is not None else
                                 default_loss_scale(self.policy.compute_dtype))
     self._inner_with_state = jax.jit(self._module_fn(with_state=True))
@@ -567,6 +571,7 @@ class PrecisionHandler:
   def __init__(self, policy: Policy | str, loss_scale: LossScale | None = None,
                **options):
     self.policy = as_policy(policy)
+    check_loss_scale(loss_scale)
     self.loss_scale = (loss_scale if loss_scale is not None else
                        default_loss_scale(self.policy.compute_dtype))
     self._options = options
