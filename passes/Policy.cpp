@@ -250,6 +250,18 @@ llvm::Expected<Policy> mlir::amp::parsePolicy(llvm::StringRef text) {
   policy.compute = compute.value_or(policy.param);
   policy.output = output.value_or(policy.compute);
   policy.gemm = gemm.value_or(GemmDtype::Compute);
+  if (policy.gemm != GemmDtype::Compute &&
+      (policy.compute == Dtype::F32 || policy.compute == Dtype::F64))
+    // FP8 operands are given to the matrix multiplies the policy lowers;
+    // with an f32 compute dtype none is lowered, and gemm=f8 would do
+    // nothing.
+    return optionError("gemm=" + gemmDtypeName(policy.gemm).str() +
+                       " needs a low-precision compute dtype (c=bf16 or "
+                       "c=f16, for example p=f32,c=bf16,o=f32,gemm=" +
+                       gemmDtypeName(policy.gemm).str() + "): with c=" +
+                       dtypeName(policy.compute).str() +
+                       " no matrix multiply is lowered, so none becomes "
+                       "an FP8 GEMM");
   return policy;
 }
 

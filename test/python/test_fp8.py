@@ -199,3 +199,13 @@ def test_an_overflowed_step_leaves_the_histories_as_they_were():
 def test_delayed_scaling_is_for_train_step():
   with pytest.raises(TypeError, match="unexpected options: fp8_scaling"):
     amp.value_and_grad(_loss, F8, fp8_scaling="delayed")
+
+
+@pytest.mark.parametrize("options", [{"fp8_scaling": "delayed"},
+                                     {"amax_history": 8},
+                                     {"fp8_scaling": "current",
+                                      "amax_history": 8}])
+def test_fp8_options_without_fp8_gemms_are_an_error(options):
+  with pytest.raises(ValueError, match=r"configures? FP8 GEMMs, and policy "
+                     r"p=f32,c=bf16,o=f32 has none: add gemm=f8"):
+    amp.train_step(_loss, optax.sgd(0.1), "p=f32,c=bf16,o=f32", **options)

@@ -356,3 +356,12 @@ def test_casts_work_under_jit():
   assert out["x"].dtype == BF16 and out["i"].dtype == tree["i"].dtype
   out = jax.jit(policy.cast_to_output)(tree)
   assert out["x"].dtype == F16
+
+
+@pytest.mark.parametrize("text", ["p=f32,c=f32,o=f32,gemm=f8",
+                                  "p=f32,gemm=f8e4m3fn", "p=f64,gemm=f8"])
+def test_fp8_gemms_need_a_low_precision_compute_dtype(text):
+  with pytest.raises(ValueError, match=r"gemm=f8\S* needs a low-precision "
+                     r"compute dtype \(c=bf16 or c=f16.*no matrix multiply "
+                     r"is lowered"):
+    amp.Policy.parse(text)

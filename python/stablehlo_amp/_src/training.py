@@ -375,6 +375,12 @@ class TrainStep(_LossScaledProgram):
                policy: Policy | str, loss_scale: LossScale | None,
                donate: bool, has_aux: bool, **options):
     super().__init__(loss_fn, policy, options)
+    fp8_options = sorted(set(options) & {"fp8_scaling", "amax_history"})
+    if fp8_options and self.policy.gemm == "compute":
+      raise ValueError(
+          f"{', '.join(fp8_options)} configure{'s' if len(fp8_options) == 1 else ''} "
+          f"FP8 GEMMs, and policy {self.policy} has none: add gemm=f8 "
+          "(for example p=f32,c=bf16,o=f32,gemm=f8)")
     self.optimizer = optimizer
     self.has_aux = has_aux
     self.donate = donate
