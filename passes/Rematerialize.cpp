@@ -175,6 +175,14 @@ void ResidualPlan::planBlock(Block &block) {
                       return !producer || producer->getBlock() != &block ||
                              kept.contains(root) || isSmall(root, size);
                     });
+    // A residual made from arguments alone (a parameter's compute-dtype
+    // copy) is kept: recomputing it puts a barrier on the argument, and on
+    // the MLP step (deviceless H100) that cost XLA 16 MiB of temporaries
+    // and saved nothing; the LM step was the same either way.
+    if (llvm::all_of(cone.roots, [](Value root) {
+          return isa<BlockArgument>(root);
+        }))
+      fromKept = false;
     if (!fromKept) {
       if (cone.complete)
         kept.insert(cone.roots.begin(), cone.roots.end());

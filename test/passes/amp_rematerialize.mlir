@@ -115,3 +115,22 @@ func.func public @needs_unkept(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %s
   %a = stablehlo.multiply %dy, %t : tensor<64x128xf32>
   return %a : tensor<64x128xf32>
 }
+
+// -----
+
+// A residual made from arguments alone (a parameter's compute-dtype copy,
+// read again by the backward pass's dot) is kept: a barrier on the argument
+// costs XLA a copy and saves nothing.
+
+// CHECK-LABEL: func.func public @argument_cast(
+// CHECK-NOT: stablehlo.optimization_barrier
+// CHECK: return
+func.func public @argument_cast(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x128xf32>, tensor<64x64xf32>) {
+  %wl = stablehlo.convert %w : (tensor<64x128xf32>) -> tensor<64x128xbf16>
+  %xl = stablehlo.convert %x : (tensor<64x64xf32>) -> tensor<64x64xbf16>
+  %u = stablehlo.dot_general %xl, %wl, contracting_dims = [1] x [0] : (tensor<64x64xbf16>, tensor<64x128xbf16>) -> tensor<64x128xf32>
+  %dyf = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
+  %dy = stablehlo.convert %dyf : (tensor<64x128xf32>) -> tensor<64x128xbf16>
+  %dx = stablehlo.dot_general %dy, %wl, contracting_dims = [1] x [1] : (tensor<64x128xbf16>, tensor<64x128xbf16>) -> tensor<64x64xf32>
+  return %u, %dx : tensor<64x128xf32>, tensor<64x64xf32>
+}
