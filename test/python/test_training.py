@@ -956,3 +956,48 @@ def test_a_step_on_its_own_outputs_does_not_compile_again(api):
     params = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, PARAMS, grads)
     assert _count_compiles(
         lambda: vg(params, _batch(1), loss_scale=loss_scale)) == 0
+
+
+def test_the_report_says_where_each_decision_is_and_groups_by_phase():
+  """A 2-layer model in named scopes, trained: each decision names the
+  user's file:line and scope, and the text groups kept ops by phase."""
+  def layer(w, x):
+    with jax.named_scope("mlp"):
+      return jnp.tanh(x @ w)
+
+  def loss(params, batch):
+    x, y = batch
+    with jax.named_scope("model"):
+      h = layer(params["w1"], x)
+      out = layer(params["w2"], h)
+    return jnp.mean((out - y) ** 2)
+
+  keys = jax.random.split(jax.random.key(0), 4)
+  params = {"w1": jax.random.normal(keys[0], (32, 32)),
+            "w2": jax.random.normal(keys[1], (32, 8))}
+  batch = (jax.random.normal(keys[2], (16, 32)),
+           jax.random.normal(keys[3], (16, 8)))
+  step = amp.train_step(loss, optax.adam(1e-3), "p=f32,c=bf16,o=f32")
+  report = step.lower(step.init(params), batch).report()
+  this_file = __file__.rsplit("/", 1)[-1]
+  dots = [d for d in report.decisions if d.op == "stablehlo.dot_general"]
+  assert dots and all(d.where.split("/")[-1].startswith(f"{this_file}:")
+                      for d in dots), [d.where for d in dots]
+  assert {d.scope for d in dots} == {"model/mlp"}
+  assert {d.phase for d in dots} == {"forward", "backward"}
+  adam = [d for d in report.decisions if d.phase == "optimizer"]
+  assert adam and all("/optax/" in d.where for d in adam
+                      if this_file not in d.where)
+  # No raw location: every `where` is a short file:line (or a name).
+  assert all(len(d.where) < 200 and "loc(" not in d.where
+             for d in report.decisions)
+  text = str(report)
+  followers = sum(1 for d in report.decisions if d.precision == "f32" and
+                  d.op in ("stablehlo.broadcast_in_dim", "stablehlo.constant",
+                           "stablehlo.iota"))
+  kept = sum(report.kept_f32.values()) - followers
+  assert followers and f"kept f32: {kept} ops (and {followers} broadcasts" in text
+  assert "    forward: " in text and "    backward: " in text
+  assert "    optimizer: " in text
+  entries = report.to_dict()["decisions"]
+  assert {e["phase"] for e in entries} == {"forward", "backward", "optimizer"}

@@ -18,9 +18,30 @@ from stablehlo_amp._src import survival
 
 # A frame in an MLIR location: "file":line:col.
 _FRAME = re.compile(r'"([^"]+)":(\d+):\d+')
+# The name JAX gives an op: `jit(f)/transpose(jvp(scope))/primitive`.
+_NAME = re.compile(r'^loc\("([^"]*)"')
 # Frames of these packages are not where the user's op is.
 _LIBRARY_PATHS = ("/stablehlo_amp/", "/jax/", "/jaxlib/", "/flax/", "/optax/",
                   "/equinox/")
+# Frames of these are not even where a library's op is.
+_OWN_PATHS = ("/stablehlo_amp/", "/jax/", "/jaxlib/")
+# JAX's transformation wrappers in op names, and the names of the functions
+# the driver traces: neither is a scope the user wrote.
+_WRAPPER = re.compile(r"^(?:jit|pjit|jvp|transpose|vmap|remat|checkpoint|"
+                      r"custom_jvp_call|custom_vjp_call|xla_call)\((.*)\)$")
+_DRIVER_NAMES = frozenset({"", "main", "module_fn", "_traced", "fun",
+                           "amp_module_call"})
+# The phases of a training step, in report order.
+PHASES = ("forward", "backward", "optimizer")
+# Ops that follow their neighbours and would swamp the headline counts.
+_FOLLOWERS = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.constant",
+                        "stablehlo.iota"})
+
+
+def _unwrap(segment: str) -> str:
+  while (match := _WRAPPER.match(segment)):
+    segment = match[1]
+  return segment
 
 
 def _ops(count: int) -> str:
@@ -49,12 +70,39 @@ class OpDecision:
 
   @property
   def where(self) -> str:
-    """`file:line` of the innermost frame of the location outside
-    stablehlo_amp and JAX (the user's code), else the location as it is."""
-    for file, line in _FRAME.findall(self.loc):
-      if not any(part in file for part in _LIBRARY_PATHS):
-        return f"{file}:{line}"
-    return self.loc
+    """`file:line` of the innermost frame of the location in the user's
+    code (outside stablehlo_amp, JAX and the model libraries), else the
+    innermost one outside stablehlo_amp and JAX (an optimizer's line in
+    optax), else the op's name; never the raw location."""
+    frames = _FRAME.findall(self.loc)
+    for paths in (_LIBRARY_PATHS, _OWN_PATHS):
+      for file, line in frames:
+        if not any(part in file for part in paths):
+          return f"{file}:{line}"
+    return self.scope or self.op
+
+  @property
+  def scope(self) -> str:
+    """The op's `jax.named_scope` path (``"model/attention"``), from the
+    name JAX gives it, without JAX's transformation wrappers (jit, jvp,
+    transpose, ...) and the primitive's own name; empty when it has none."""
+    match = _NAME.match(self.loc)
+    if not match:
+      return ""
+    segments = [_unwrap(part) for part in match[1].split("/")[:-1]]
+    return "/".join(part for part in segments if part not in _DRIVER_NAMES)
+
+  @property
+  def phase(self) -> str:
+    """``"forward"``, ``"backward"`` or ``"optimizer"`` for an op of a
+    program JAX traced (from its name and frames: autodiff's transpose is
+    the backward pass, optax's frames the optimizer); empty otherwise."""
+    match = _NAME.match(self.loc)
+    if not match:
+      return ""
+    if any("/optax/" in file for file, _ in _FRAME.findall(self.loc)):
+      return "optimizer"
+    return "backward" if "transpose(" in match[1] else "forward"
 
   @property
   def reason(self) -> str:
@@ -190,6 +238,10 @@ class Report:
         "bytes_before": dict(self.bytes_before),
         "bytes_after": dict(self.bytes_after),
         "memory": dict(self.memory) if self.memory else None,
+        "decisions": [{"op": d.op, "precision": d.precision,
+                       "reason": d.reason_id, "where": d.where,
+                       "scope": d.scope, "phase": d.phase}
+                      for d in self.decisions],
     }
 
   def __str__(self) -> str:
@@ -197,17 +249,38 @@ class Report:
       return ", ".join(f"{op.split('.', 1)[-1]} {n}"
                        for op, n in counter.most_common())
     compute = self.policy.split("c=")[1].split(",")[0]
-    lowered, kept = self.lowered, self.kept_f32
+    lowered = self.lowered
+    kept = [d for d in self.decisions
+            if d.precision == "f32" and d.op not in _FOLLOWERS]
+    followers = sum(1 for d in self.decisions
+                    if d.precision == "f32" and d.op in _FOLLOWERS)
     lines = [
         f"amp-insert-converts: policy {self.policy}, level {self.level}, "
         f"target {self.target}",
         f"  lowered to {compute}: {_ops(sum(lowered.values()))}"
         + (f" ({names(lowered)})" if lowered else ""),
-        f"  kept f32: {_ops(sum(kept.values()))}",
+        f"  kept f32: {_ops(len(kept))}"
+        + (f" (and {followers} broadcasts and constants, which follow "
+           "their readers)" if followers else ""),
     ]
-    for reason, ops in sorted(self.kept_f32_reasons.items(),
-                              key=lambda item: -sum(item[1].values())):
-      lines.append(f"    {reason}: {sum(ops.values())} ({names(ops)})")
+
+    def reasons(decisions: list[OpDecision], indent: str) -> None:
+      by_reason: dict[str, collections.Counter] = {}
+      for d in decisions:
+        by_reason.setdefault(d.reason, collections.Counter())[d.op] += 1
+      for reason, ops in sorted(by_reason.items(),
+                                key=lambda item: -sum(item[1].values())):
+        lines.append(f"{indent}{reason}: {sum(ops.values())} ({names(ops)})")
+
+    phases = {phase: [d for d in kept if d.phase == phase]
+              for phase in PHASES}
+    if all(d.phase for d in kept) and sum(map(bool, phases.values())) > 1:
+      for phase, decisions in phases.items():
+        if decisions:
+          lines.append(f"    {phase}: {_ops(len(decisions))}")
+          reasons(decisions, "      ")
+    else:
+      reasons(kept, "    ")
     stored = self.stored_low
     if stored:
       lines.append(f"  f32 results stored in {compute}: "
