@@ -324,7 +324,7 @@ def test_custom_vjp_rules_apply_in_the_backward_program():
   assert fast.rewrite_count == 2
 
 
-def test_derived_program_that_cannot_be_rewritten_runs_with_a_warning():
+def test_derived_program_with_a_host_callback_is_rewritten():
   @jax.custom_vjp
   def host_tanh(x):
     return jnp.tanh(x)
@@ -349,13 +349,16 @@ def test_derived_program_that_cannot_be_rewritten_runs_with_a_warning():
     warnings.simplefilter("error")
     forward = fast(w, X)  # the forward program is rewritten: no warning
   _assert_tree_close(forward, fun(w, X))
-  with pytest.warns(UserWarning, match=(
-      r"cannot rewrite \S*fun\.vjp \(it calls back into Python \(a host "
-      r"callback\), which cannot move to another program\); running the "
-      r"original program")):
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
     got = jax.grad(lambda w: jnp.sum(fast(w, X)))(w)
-  np.testing.assert_allclose(got, jax.grad(lambda w: jnp.sum(fun(w, X)))(w),
-                             rtol=1e-5, atol=1e-6)
+  # The backward program (with its pure_callback) is rewritten to bf16 too:
+  # bf16's error, not f32's.
+  want = jax.grad(lambda w: jnp.sum(fun(w, X)))(w)
+  error = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+  assert 1e-5 < error < 2e-2, error
+  low = jax.jit(jax.grad(lambda w: jnp.sum(fast(w, X)))).lower(w).as_text()
+  assert "bf16" in low
 
 
 def test_user_errors_in_a_derived_program_surface_as_themselves():

@@ -13,6 +13,7 @@ its own outputs does not compile again.
 
 from __future__ import annotations
 
+import warnings
 import functools
 import re
 
@@ -1001,3 +1002,42 @@ def test_the_report_says_where_each_decision_is_and_groups_by_phase():
   assert "    optimizer: " in text
   entries = report.to_dict()["decisions"]
   assert {e["phase"] for e in entries} == {"forward", "backward", "optimizer"}
+
+
+def test_debug_prints_in_the_loss_run_and_the_step_is_still_rewritten(capfd):
+  def loss(w, batch):
+    x, y = batch
+    value = jnp.mean((jnp.tanh(x @ w) - y) ** 2)
+    jax.debug.print("loss {v}", v=value)
+    return value
+
+  def quiet(w, batch):
+    x, y = batch
+    return jnp.mean((jnp.tanh(x @ w) - y) ** 2)
+
+  keys = jax.random.split(jax.random.key(5), 3)
+  w = jax.random.normal(keys[0], (32, 8)) / 6
+  batch = (jax.random.normal(keys[1], (16, 32)),
+           jax.random.normal(keys[2], (16, 8)))
+  losses = {}
+  for fn in (loss, quiet):
+    step = amp.train_step(fn, optax.adam(1e-2), "p=f32,c=f16,o=f32")
+    state = step.init(w)
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      for _ in range(3):
+        state, metrics = step(state, batch)
+    losses[fn.__name__] = float(metrics["loss"])
+    report = step.lower(state, batch).report()
+    assert report.lowered["stablehlo.dot_general"] >= 2
+  jax.effects_barrier()
+  printed = [line for line in capfd.readouterr().out.splitlines()
+             if line.startswith("loss ")]
+  assert len(printed) == 3, printed
+  # The print changes nothing else: the same rewritten step, the same loss.
+  assert losses["loss"] == losses["quiet"]
+  vg = amp.value_and_grad(loss, "p=f32,c=bf16,o=f32")
+  (value, grads), finite, _ = vg(w, batch)
+  jax.effects_barrier()
+  assert bool(finite) and grads.shape == w.shape
+  assert f"loss {float(value)}"[:10] in capfd.readouterr().out

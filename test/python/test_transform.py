@@ -893,13 +893,38 @@ def test_unsupported_module_falls_back_with_a_warning(monkeypatch):
   assert "bf16" not in low.as_text()
 
 
-def test_host_callback_falls_back_with_a_warning():
+def test_host_callbacks_run_inside_the_rewritten_program(capfd):
   def noisy(w, x):
     jax.debug.print("sum {}", x.sum())
     return jnp.tanh(x @ w)
 
   fast = amp.transform(noisy)
-  with pytest.warns(UserWarning, match="noisy"):
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    got = fast(W, X)
+    jax.effects_barrier()
+  assert f"sum {float(X.sum())}" in capfd.readouterr().out
+  np.testing.assert_allclose(got, jax.jit(noisy)(W, X), **TOLERANCE[BF16])
+  report = fast.lower(W, X).report()
+  assert report is not None and report.lowered["stablehlo.dot_general"] == 1
+  # Inside an outer jit, and twice in one program: each callback keeps its
+  # own Python function.
+  twice = jax.jit(lambda w, x: fast(w, x) + amp.transform(
+      lambda w, x: (jax.debug.print("max {}", x.max()), x @ w)[1])(w, x))
+  twice(W, X)
+  jax.effects_barrier()
+  out = capfd.readouterr().out
+  assert f"sum {float(X.sum())}" in out and f"max {float(X.max())}" in out
+
+
+def test_ordered_host_callbacks_fall_back_with_a_warning():
+  def noisy(w, x):
+    jax.debug.print("sum {}", x.sum(), ordered=True)
+    return jnp.tanh(x @ w)
+
+  fast = amp.transform(noisy)
+  with pytest.warns(UserWarning, match=r"noisy .*ordered effect, such as "
+                    r"jax.debug.print\(\.\.\., ordered=True\)"):
     got = fast(W, X)
   np.testing.assert_allclose(got, jax.jit(noisy)(W, X), **TOLERANCE[BF16])
 

@@ -278,15 +278,83 @@ def zero_tangent(primal: Any) -> Any:
   return ad.Zero(aval_of(primal).to_tangent_aval())  # type: ignore
 
 
+# The custom calls that run Python. The FFI ones name their callback by its
+# index in the lowering's host-callback list (`mhlo.backend_config`'s
+# `index`); the older ones (jax 0.4.x) take a descriptor operand that stays
+# valid while the callback object lives.
+HOST_CALLBACK_TARGETS = ("xla_python_cpu_callback", "xla_python_gpu_callback",
+                         "xla_ffi_python_cpu_callback",
+                         "xla_ffi_python_gpu_callback",
+                         "xla_ffi_partitioned_python_cpu_callback",
+                         "xla_ffi_partitioned_python_gpu_callback")
+
+
+def host_callbacks(lowered: Any) -> tuple[tuple[Any, ...], int] | None:
+  """The host callbacks (debug prints, io/pure callbacks) a
+  `jax.jit(...).lower(...)` registered, in index order, then what it keeps
+  alive for them, and how many of them the module's calls index; None
+  where this JAX does not say."""
+  compile_args = getattr(getattr(lowered, "_lowering", None), "compile_args",
+                         None)
+  if compile_args is None or "host_callbacks" not in compile_args:
+    return None
+  indexed = tuple(compile_args["host_callbacks"])
+  return indexed + tuple(compile_args.get("keepalive") or ()), len(indexed)
+
+
+def _operations(block_owner: Any):
+  for region in block_owner.regions:
+    for block in region.blocks:
+      for op in block.operations:
+        yield op
+        yield from _operations(op.operation)
+
+
+def _move_host_callbacks(module_context: Any, submodule: ir.Module,
+                         callbacks: Sequence[Any], count: int) -> None:
+  """Registers the first `count` of `callbacks` (the ones indexed by the
+  submodule's callback calls; the rest only kept alive) with the lowering
+  that inlines the submodule, and renumbers the FFI calls' indices."""
+  first = len(module_context.host_callbacks)
+  for callback in callbacks:
+    module_context.add_host_callback(callback)
+  u64 = ir.IntegerType.get_unsigned(64)
+  for op in _operations(submodule.operation):
+    if op.operation.name != "stablehlo.custom_call":
+      continue
+    target = ir.StringAttr(op.attributes["call_target_name"]).value
+    if (target not in HOST_CALLBACK_TARGETS or
+        "mhlo.backend_config" not in op.attributes):
+      continue
+    config = op.attributes["mhlo.backend_config"]
+    if not isinstance(config, ir.DictAttr) and not ir.DictAttr.isinstance(
+        config):
+      continue
+    config = ir.DictAttr(config)
+    entries = {config[i].name: config[i].attr for i in range(len(config))}
+    if "index" in entries:
+      index = ir.IntegerAttr(entries["index"]).value
+      if not 0 <= index < count:
+        raise ValueError(f"host callback index {index} outside the "
+                         f"{count} callbacks of the program")
+      entries["index"] = ir.IntegerAttr.get(u64, first + index)
+      op.attributes["mhlo.backend_config"] = ir.DictAttr.get(entries)
+
+
 def call_module(ctx: Any, bytecode: bytes, name: str,
-                args: Sequence[Any]) -> list:
+                args: Sequence[Any],
+                callbacks: tuple[Sequence[Any], int] = ((), 0)) -> list:
   """Lowering rule body: `bytecode`'s public `main` (MLIR bytecode of a
   module for this jaxlib) merged into the module being lowered as a private
-  function named after `name`, and called on `args`."""
+  function named after `name`, and called on `args`. `callbacks` are the
+  host callbacks the module calls (and how many of them it indexes):
+  they move to the lowering that inlines it."""
   from jax.extend.mlir.dialects import func as func_dialect
   from jax.interpreters import mlir as jax_mlir
   module_context = ctx.module_context
   submodule = ir.Module.parse(bytecode, module_context.context)
+  if callbacks[0]:
+    _move_host_callbacks(module_context, submodule, *callbacks)
   main = next(op for op in submodule.body.operations
               if ir.StringAttr(op.attributes["sym_name"]).value == "main")
   callee_type = ir.FunctionType(ir.TypeAttr(main.attributes[

@@ -74,6 +74,11 @@ class Program:
   # FP8 amax histories (amp-fp8-gemms), then the loss-scale state.
   extra_in_roles: tuple[str, ...] = ()
   extra_out_roles: tuple[str, ...] = ()
+  # The host callbacks (debug prints, io callbacks) the module calls, and
+  # how many of them its calls index: they move to whatever lowering
+  # inlines it.
+  host_callbacks: tuple[Any, ...] = ()
+  indexed_callbacks: int = 0
 
   @property
   def out_avals(self) -> tuple:
@@ -110,7 +115,8 @@ amp_module_call_p.def_impl(
 jax_mlir.register_lowering(
     amp_module_call_p,
     lambda ctx, *args, program: jax_compat.call_module(
-        ctx, program.bytecode, program.name, args))
+        ctx, program.bytecode, program.name, args,
+        callbacks=(program.host_callbacks, program.indexed_callbacks)))
 
 
 def main_signature(module: ir.Module) -> tuple[list, list]:
@@ -221,28 +227,32 @@ def export(jitted: Callable, args: Sequence, kwargs: dict) -> Any:
     raise pl.RewriteError(f"jax.export cannot export it: {error}") from error
 
 
-# Custom calls that run Python: the callback they point to belongs to the
-# lowering that made them, so the module cannot be moved to another one.
-_HOST_CALLBACKS = ("xla_python_cpu_callback", "xla_python_gpu_callback",
-                   "xla_ffi_python_cpu_callback", "xla_ffi_python_gpu_callback",
-                   "xla_ffi_partitioned_python_cpu_callback")
-
-
 def _lower(jitted: Callable, args: Sequence, kwargs: dict):
-  """(module, kept leaf indices, output tree) of `jitted` lowered for
-  `args`: its StableHLO as JAX emits it, no portable-artifact round trip.
-  Errors raised by the function itself propagate as they are."""
+  """(module, kept leaf indices, output tree, host callbacks and how many
+  the module indexes) of `jitted` lowered for `args`: its StableHLO as JAX
+  emits it, no portable-artifact round trip. Errors raised by the function
+  itself propagate as they are."""
   lowered = jitted.lower(*args, **kwargs)
   module = lowered.compiler_ir("stablehlo")
   # Custom-call targets are plain strings in MLIR bytecode's string table;
   # writing bytecode costs about a tenth of printing text (20k ops: 0.015 s
   # against 0.13 s).
   bytecode = jax_compat.bytecode_of(module)
-  if any(target.encode() in bytecode for target in _HOST_CALLBACKS):
-    raise pl.RewriteError("it calls back into Python (a host callback), "
-                          "which cannot move to another program")
+  callbacks: tuple = ()
+  indexed = 0
+  if any(target.encode() in bytecode
+         for target in jax_compat.HOST_CALLBACK_TARGETS):
+    # A debug print or io callback: its Python function moves with the
+    # rewritten module to the lowering that inlines it.
+    found = jax_compat.host_callbacks(lowered)
+    if not found or not found[0]:
+      raise pl.RewriteError("it calls back into Python (a host callback), "
+                            "and this JAX does not say which callbacks the "
+                            "program holds")
+    callbacks, indexed = found
   count = len(jax.tree_util.tree_leaves((args, kwargs)))
-  return module, lowered.out_tree, jax_compat.kept_arguments(lowered, count)
+  return (module, lowered.out_tree, jax_compat.kept_arguments(lowered, count),
+          callbacks, indexed)
 
 
 @dataclasses.dataclass
@@ -254,6 +264,8 @@ class Marked:
   out_tree: Any
   exported: jax_export.Exported | None
   lower_seconds: float
+  host_callbacks: tuple[Any, ...] = ()
+  indexed_callbacks: int = 0
 
 
 def lower_marked(jitted: Callable, args: Sequence, kwargs: dict, *,
@@ -263,19 +275,23 @@ def lower_marked(jitted: Callable, args: Sequence, kwargs: dict, *,
   """Lowers `jitted` and marks its main for the passes (see `build`)."""
   start = time.perf_counter()
   exported = None
+  callbacks, indexed = (), 0
   if use_export:
     exported = export(jitted, args, kwargs)
     kept, out_tree = exported.module_kept_var_idx, exported.out_tree
     with pl.ir_context():
       module = jax_compat.exported_module(exported)
   else:
-    module, out_tree, kept = _lower(jitted, args, kwargs)
+    module, out_tree, kept, callbacks, indexed = _lower(jitted, args, kwargs)
   lowered = time.perf_counter() - start
   position = {flat: i for i, flat in enumerate(kept)}
   with module.context:
     if len(main_signature(module)[0]) != len(kept):
-      raise pl.RewriteError("the lowered module has extra arguments "
-                            "(effect tokens or a platform index)")
+      raise pl.RewriteError(
+          "the lowered module takes extra arguments: effect tokens (an "
+          "ordered effect, such as jax.debug.print(..., ordered=True) or "
+          "io_callback(..., ordered=True); unordered callbacks are "
+          "rewritten) or a platform index")
     marks: dict[int, list[str]] = {}
     for i, flat in enumerate(kept):
       if not param_flags[flat]:
@@ -291,7 +307,8 @@ def lower_marked(jitted: Callable, args: Sequence, kwargs: dict, *,
             i32, position[arg])}
         for out, arg in state_leaves if arg in position}
     pl.mark_arguments(module, marks, result_marks)
-  return Marked(module, tuple(kept), out_tree, exported, lowered)
+  return Marked(module, tuple(kept), out_tree, exported, lowered,
+                callbacks, indexed)
 
 
 def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
@@ -351,4 +368,6 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
                  in_avals, all_out_avals, extra_out, out_tree,
                  name=source_name, exported=exported, bytecode=bytecode,
                  kept=None if exported else tuple(kept),
-                 extra_in_roles=in_roles, extra_out_roles=out_roles)
+                 extra_in_roles=in_roles, extra_out_roles=out_roles,
+                 host_callbacks=marked.host_callbacks,
+                 indexed_callbacks=marked.indexed_callbacks)

@@ -16,8 +16,8 @@ transformations, each derived program mixed precision in turn:
 
 So `jax.grad(lambda w: fast(w, x).sum())` runs a rewritten forward and a
 rewritten backward program, and nesting works the same way. A derived
-program that cannot be rewritten (a host callback in a backward rule) runs
-unchanged, with a warning, as the function itself does.
+program that cannot be rewritten (an ordered effect in a backward rule)
+runs unchanged, with a warning, as the function itself does.
 """
 
 from __future__ import annotations
@@ -781,8 +781,9 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
 
   The result composes with `jax.jit`, `jax.grad`, `jax.vjp`, `jax.jvp` and
   `jax.vmap`: each derived program is lowered and rewritten with the same
-  policy (calibration applies to the function itself). Functions that call
-  back into Python (host callbacks) run unchanged, with a warning.
+  policy (calibration applies to the function itself). Host callbacks
+  (``jax.debug.print``) run inside the rewritten program; a function with an
+  ordered effect runs unchanged, with a warning.
 
   >>> import jax, jax.numpy as jnp, stablehlo_amp as amp
   >>> fast = amp.transform(lambda w, x: jnp.tanh(x @ w), "p=f32,c=bf16,o=f32")
