@@ -1041,3 +1041,28 @@ def test_debug_prints_in_the_loss_run_and_the_step_is_still_rewritten(capfd):
   jax.effects_barrier()
   assert bool(finite) and grads.shape == w.shape
   assert f"loss {float(value)}"[:10] in capfd.readouterr().out
+
+
+def test_a_typed_key_in_the_model_state_trains():
+  def loss(w, model_state, batch):
+    (key,) = model_state
+    key, sub = jax.random.split(key)
+    keep = jax.random.bernoulli(sub, 0.5, (batch.shape[0], w.shape[1]))
+    return jnp.mean((jnp.tanh(batch @ w) * keep) ** 2), (key,)
+
+  w = jnp.ones((8, 4)) * 0.1
+  batch = jnp.ones((6, 8))
+  step = amp.train_step(loss, optax.sgd(0.1), "p=f32,c=bf16,o=f32")
+  state = step.init(w, model_state=(jax.random.key(1),))
+  keys = []
+  for _ in range(3):
+    state, metrics = step(state, batch)
+    keys.append(np.asarray(jax.random.key_data(state.model_state[0])))
+  assert jax.dtypes.issubdtype(state.model_state[0].dtype,
+                               jax.dtypes.prng_key)
+  # The key advances each step, as the loss says.
+  expected = jax.random.key(1)
+  for got in keys:
+    expected = jax.random.split(expected)[0]
+    np.testing.assert_array_equal(got, jax.random.key_data(expected))
+  assert np.isfinite(float(metrics["loss"]))

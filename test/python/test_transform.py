@@ -1055,3 +1055,45 @@ def test_rewrite_of_invalid_text_raises_invalid_ir_error(name):
 def test_rewrite_of_empty_text_raises_invalid_ir_error():
   with pytest.raises(amp.InvalidIRError, match="empty"):
     amp.rewrite("  \n")
+
+
+def test_typed_prng_keys_pass_through():
+  """`jax.random.key` arrays (dtype key<fry>) go in and come out as keys,
+  under jit and grad too; the rest of the function is rewritten."""
+  def noisy(w, x, key):
+    key, sub = jax.random.split(key)
+    return jnp.tanh(x @ w) + 0.01 * jax.random.normal(sub, (X.shape[0],
+                                                            W.shape[1])), key
+
+  fast = amp.transform(noisy)
+  key = jax.random.key(3)
+  got, new_key = fast(W, X, key)
+  want, want_key = jax.jit(noisy)(W, X, key)
+  assert jax.dtypes.issubdtype(new_key.dtype, jax.dtypes.prng_key)
+  np.testing.assert_array_equal(jax.random.key_data(new_key),
+                                jax.random.key_data(want_key))
+  np.testing.assert_allclose(got, want, **TOLERANCE[BF16])
+  assert fast.lower(W, X, key).report().lowered["stablehlo.dot_general"] == 1
+  grads = jax.grad(lambda w: fast(w, X, key)[0].sum())(W)
+  assert grads.shape == W.shape
+  assert jax.jit(fast)(W, X, key)[1].dtype == key.dtype
+
+
+def test_a_flax_nnx_module_with_rngs_is_an_argument():
+  nnx = pytest.importorskip("flax.nnx")
+
+  class Model(nnx.Module):
+    def __init__(self, rngs):
+      self.linear = nnx.Linear(X.shape[1], 16, rngs=rngs)
+      self.dropout = nnx.Dropout(0.5, rngs=rngs)
+
+    def __call__(self, x):
+      return self.dropout(jax.nn.relu(self.linear(x)))
+
+  model = Model(nnx.Rngs(0, dropout=1))
+  model.eval()
+  fast = amp.transform(lambda m, x: m(x))
+  got = fast(model, X)
+  np.testing.assert_allclose(got, jax.jit(lambda m, x: m(x))(model, X),
+                             **TOLERANCE[BF16])
+  assert fast.lower(model, X).report().lowered["stablehlo.dot_general"] == 1

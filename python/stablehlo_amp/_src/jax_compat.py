@@ -16,6 +16,7 @@ import re
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 from jax import export as jax_export
 from jax.extend.mlir import ir
 
@@ -369,6 +370,40 @@ def call_module(ctx: Any, bytecode: bytes, name: str,
   call = func_dialect.CallOp(list(callee_type.results),
                              ir.FlatSymbolRefAttr.get(fn), list(args))
   return list(call.results)
+
+
+def dtype_of(x: Any) -> Any:
+  """The dtype of an array, tracer, ShapeDtypeStruct or Python scalar, typed
+  PRNG keys (`key<fry>`, which NumPy cannot interpret) included."""
+  dtype = getattr(x, "dtype", None)
+  return jnp.result_type(x) if dtype is None else dtype
+
+
+def is_key(x: Any) -> bool:
+  """True for a typed PRNG key (`jax.random.key`)."""
+  return jax.dtypes.issubdtype(dtype_of(x), jax.dtypes.prng_key)
+
+
+def key_data(x: Any) -> Any:
+  """A typed key's raw uint32 data (what its lowered program takes); other
+  leaves as they are."""
+  return jax.random.key_data(x) if is_key(x) else x
+
+
+def key_aval(x: Any) -> Any:
+  """The aval of a typed key (array, tracer or shape); None for anything
+  else."""
+  if not is_key(x):
+    return None
+  return shaped_array(tuple(x.shape), dtype_of(x))
+
+
+def wrap_key(data: Any, aval: Any) -> Any:
+  """`data` as the typed key `aval` describes (None: `data` as it is)."""
+  if aval is None:
+    return data
+  # The dtype of a typed key holds its PRNG implementation.
+  return jax.random.wrap_key_data(data, impl=aval.dtype._impl)
 
 
 def kept_arguments(lowered: Any, count: int) -> tuple[int, ...]:

@@ -63,7 +63,7 @@ class Program:
   result: pl.RewriteResult
   timings: Timings
   in_avals: tuple            # every argument of main (appended ones too)
-  all_out_avals: tuple       # every result of main (appended ones too)
+  all_out_avals: tuple       # every result `call` returns (appended too)
   num_extra_outputs: int
   out_tree: Any              # the structure of the function's own outputs
   name: str = "amp"          # the function's name, for the inlined copy
@@ -79,6 +79,12 @@ class Program:
   # inlines it.
   host_callbacks: tuple[Any, ...] = ()
   indexed_callbacks: int = 0
+  # Per output leaf of the function: the aval of a typed PRNG key (its
+  # module returns the key's uint32 data), else None.
+  out_key_avals: tuple[Any, ...] = ()
+  # The results of main as the module has them (keys as their data); empty
+  # when they are `all_out_avals`.
+  module_out_avals: tuple = ()
 
   @property
   def out_avals(self) -> tuple:
@@ -91,24 +97,33 @@ class Program:
     output leaves and the appended outputs."""
     if self.kept is not None:  # unused leaves are not arguments of main
       leaves = [leaves[i] for i in self.kept]
-    # Inputs arrive in whatever float dtype; the module takes its own.
-    cast = [leaf.astype(aval.dtype)
-            if jnp.issubdtype(jnp.result_type(leaf), jnp.floating) and
-            jnp.result_type(leaf) != aval.dtype else leaf
-            for leaf, aval in zip(leaves, self.in_avals)]
     if self.exported is not None:
-      outputs = self.exported.call(*cast, *extra)
+      outputs = self.exported.call(*self._cast(leaves), *extra)
     else:
-      outputs = amp_module_call_p.bind(*cast, *extra, program=self)
+      # A typed PRNG key goes in as its data, which is what the lowered
+      # module takes, and comes out wrapped again.
+      leaves = [jax_compat.key_data(leaf) for leaf in leaves]
+      outputs = list(amp_module_call_p.bind(*self._cast(leaves), *extra,
+                                            program=self))
+      for i, aval in enumerate(self.out_key_avals):
+        outputs[i] = jax_compat.wrap_key(outputs[i], aval)
     count = len(outputs) - self.num_extra_outputs
     return list(outputs[:count]), list(outputs[count:])
+
+  def _cast(self, leaves: Sequence[Any]) -> list:
+    """Inputs arrive in whatever float dtype; the module takes its own."""
+    return [leaf.astype(aval.dtype)
+            if jnp.issubdtype(jax_compat.dtype_of(leaf), jnp.floating) and
+            jax_compat.dtype_of(leaf) != aval.dtype else leaf
+            for leaf, aval in zip(leaves, self.in_avals)]
 
 
 amp_module_call_p = jax_compat.primitive_class()("amp_module_call")
 amp_module_call_p.multiple_results = True
 amp_module_call_p.def_abstract_eval(
     lambda *avals, program: [jax_compat.shaped_array(tuple(a.shape), a.dtype)
-                             for a in program.all_out_avals])
+                             for a in (program.module_out_avals or
+                                       program.all_out_avals)])
 amp_module_call_p.def_impl(
     lambda *args, program: jax.jit(
         lambda *xs: amp_module_call_p.bind(*xs, program=program))(*args))
@@ -251,8 +266,10 @@ def _lower(jitted: Callable, args: Sequence, kwargs: dict):
                             "program holds")
     callbacks, indexed = found
   count = len(jax.tree_util.tree_leaves((args, kwargs)))
+  key_avals = tuple(jax_compat.key_aval(info)
+                    for info in jax.tree_util.tree_leaves(lowered.out_info))
   return (module, lowered.out_tree, jax_compat.kept_arguments(lowered, count),
-          callbacks, indexed)
+          callbacks, indexed, key_avals)
 
 
 @dataclasses.dataclass
@@ -266,6 +283,7 @@ class Marked:
   lower_seconds: float
   host_callbacks: tuple[Any, ...] = ()
   indexed_callbacks: int = 0
+  out_key_avals: tuple[Any, ...] = ()
 
 
 def lower_marked(jitted: Callable, args: Sequence, kwargs: dict, *,
@@ -275,14 +293,15 @@ def lower_marked(jitted: Callable, args: Sequence, kwargs: dict, *,
   """Lowers `jitted` and marks its main for the passes (see `build`)."""
   start = time.perf_counter()
   exported = None
-  callbacks, indexed = (), 0
+  callbacks, indexed, key_avals = (), 0, ()
   if use_export:
     exported = export(jitted, args, kwargs)
     kept, out_tree = exported.module_kept_var_idx, exported.out_tree
     with pl.ir_context():
       module = jax_compat.exported_module(exported)
   else:
-    module, out_tree, kept, callbacks, indexed = _lower(jitted, args, kwargs)
+    module, out_tree, kept, callbacks, indexed, key_avals = _lower(
+        jitted, args, kwargs)
   lowered = time.perf_counter() - start
   position = {flat: i for i, flat in enumerate(kept)}
   with module.context:
@@ -308,7 +327,7 @@ def lower_marked(jitted: Callable, args: Sequence, kwargs: dict, *,
         for out, arg in state_leaves if arg in position}
     pl.mark_arguments(module, marks, result_marks)
   return Marked(module, tuple(kept), out_tree, exported, lowered,
-                callbacks, indexed)
+                callbacks, indexed, key_avals)
 
 
 def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
@@ -360,6 +379,15 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
           len(results) != out_tree.num_leaves + extra_out):
       raise pl.RewriteError("the rewritten module has an unexpected number "
                             "of arguments or results")
+  # Typed keys come out of `call` as keys, out of the module as data.
+  key_avals, module_out_avals = (), ()
+  if exported is None and any(a is not None for a in marked.out_key_avals):
+    key_avals = marked.out_key_avals
+    module_out_avals = all_out_avals
+    all_out_avals = tuple(
+        key if key is not None else aval for key, aval in
+        zip(key_avals + (None,) * (len(all_out_avals) - len(key_avals)),
+            all_out_avals))
   # The form the lowering reads, made now: its cost is the rewrite's.
   bytecode = None if exported else jax_compat.bytecode_of(result.module)
   done = time.perf_counter()
@@ -370,4 +398,6 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
                  kept=None if exported else tuple(kept),
                  extra_in_roles=in_roles, extra_out_roles=out_roles,
                  host_callbacks=marked.host_callbacks,
-                 indexed_callbacks=marked.indexed_callbacks)
+                 indexed_callbacks=marked.indexed_callbacks,
+                 out_key_avals=key_avals,
+                 module_out_avals=module_out_avals)

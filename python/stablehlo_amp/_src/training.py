@@ -39,7 +39,7 @@ def _spec(tree: Any, as_param: bool) -> Any:
   """Abstract values for export: f32 parameters as f32 (the pass gives them
   the `p=` dtype), everything else as it is."""
   def spec(x):
-    dtype = jnp.result_type(x)
+    dtype = jax_compat.dtype_of(x)
     if as_param and _is_float(x) and jnp.dtype(dtype) in (
         jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
         jnp.dtype(jnp.float16)):
@@ -159,7 +159,7 @@ def _check_same_types(what: str, given: Any, returned: Any) -> None:
   state it was given (it is kept or discarded leaf by leaf, and the next
   step takes it). TypeError naming the first leaf that differs."""
   def describe(x) -> str:
-    return f"{jnp.dtype(x.dtype).name}{list(x.shape)}"
+    return f"{x.dtype}{list(x.shape)}"
   prefix = f"{what} with the structure, shapes and dtypes of the one given"
   given_paths = jax.tree_util.tree_flatten_with_path(given)
   returned_paths = jax.tree_util.tree_flatten_with_path(returned)
@@ -167,7 +167,7 @@ def _check_same_types(what: str, given: Any, returned: Any) -> None:
     raise TypeError(f"{prefix}: expected the structure {given_paths[1]}, "
                     f"got {returned_paths[1]}")
   for (path, a), (_, b) in zip(given_paths[0], returned_paths[0]):
-    if a.shape != b.shape or jnp.dtype(a.dtype) != jnp.dtype(b.dtype):
+    if a.shape != b.shape or a.dtype != b.dtype:
       raise TypeError(f"{prefix}: at {jax.tree_util.keystr(path) or 'the root'}"
                       f" expected {describe(a)}, got {describe(b)}")
 
@@ -213,7 +213,7 @@ class _LossScaledProgram:
   @staticmethod
   def _key(*inputs) -> Any:
     leaves, treedef = jax.tree_util.tree_flatten(inputs)
-    avals = tuple((tuple(jnp.shape(x)), str(jnp.result_type(x)))
+    avals = tuple((tuple(jnp.shape(x)), str(jax_compat.dtype_of(x)))
                   for x in leaves)
     return treedef, avals
 

@@ -54,7 +54,7 @@ def _is_float(x: Any) -> bool:
 
 
 def _is_f32(x: Any) -> bool:
-  return hasattr(x, "dtype") and np.dtype(x.dtype) == np.dtype(jnp.float32)
+  return hasattr(x, "dtype") and jax_compat.dtype_of(x) == jnp.float32
 
 
 def _name(fun: Callable) -> str:
@@ -62,7 +62,8 @@ def _name(fun: Callable) -> str:
 
 
 def _aval_key(avals: Sequence[Any]) -> Hashable:
-  return tuple((tuple(a.shape), np.dtype(a.dtype).str,
+  # str, not np.dtype: a typed PRNG key's dtype is no NumPy dtype.
+  return tuple((tuple(a.shape), str(a.dtype),
                 bool(getattr(a, "weak_type", False))) for a in avals)
 
 
