@@ -474,3 +474,19 @@ def test_f64_programs_are_left_as_they_are_under_x64():
     want = jax.jit(jax.grad(lambda p: jnp.sum(mlp(p, x))))(params)
     assert {g.dtype for g in jax.tree_util.tree_leaves(grads)} == {F64}
     _assert_tree_close(grads, want, rtol=1e-12)
+
+
+def test_grad_of_a_donating_transform_keeps_its_arguments():
+  def f(w, x):
+    return jnp.sum(jnp.tanh(x @ w))
+
+  fast = amp.transform(f, donate_argnums=1)
+  w = MLP_PARAMS["w1"]
+  x = X + 0.0
+  got = jax.grad(fast)(w, x)  # the backward pass reads x again
+  want = jax.grad(f)(w, X)
+  assert float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want)) < 2e-2
+  assert not x.is_deleted()
+  # At the top level the argument is donated, as with jax.jit.
+  fast(w, x)
+  assert x.is_deleted()

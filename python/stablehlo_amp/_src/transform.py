@@ -398,18 +398,28 @@ def outer_compiler_options(options: pl.RewriteOptions) -> dict:
 
 class _OuterJit:
   """The jit that runs a rewritten program: called at the top level it
-  compiles with `outer_compiler_options`; called inside another trace (the
-  user's jit, grad or vmap), where compiler options are not allowed, as a
-  plain nested jit."""
+  compiles with `outer_compiler_options` and donates what it was asked to;
+  called inside another trace (the user's jit, grad or vmap), where
+  compiler options are not allowed, as a plain nested jit that donates
+  nothing: under `jax.grad` the backward pass reads the arguments again
+  (a donated one would be deleted), and inside a jit donation has no
+  meaning."""
 
-  def __init__(self, fun: Callable, options: pl.RewriteOptions, **jit_options):
+  def __init__(self, fun: Callable, options: pl.RewriteOptions, *,
+               donate_argnums: tuple = (), donate_argnames: tuple = (),
+               **jit_options):
     self._plain = jax.jit(fun, **jit_options)
     compiler_options = outer_compiler_options(options)
-    self._top = (jax.jit(fun, **jit_options, **compiler_options)
-                 if compiler_options else self._plain)
+    donate = {}
+    if donate_argnums:
+      donate["donate_argnums"] = donate_argnums
+    if donate_argnames:
+      donate["donate_argnames"] = donate_argnames
+    self._top = (jax.jit(fun, **jit_options, **donate, **compiler_options)
+                 if compiler_options or donate else self._plain)
 
   def __call__(self, *args, **kwargs):
-    if self._top is self._plain:  # no compiler options: nothing to choose
+    if self._top is self._plain:  # nothing to choose
       return self._plain(*args, **kwargs)
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     nested = any(isinstance(x, jax.core.Tracer) for x in leaves)
