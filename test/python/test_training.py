@@ -1066,3 +1066,18 @@ def test_a_typed_key_in_the_model_state_trains():
     expected = jax.random.split(expected)[0]
     np.testing.assert_array_equal(got, jax.random.key_data(expected))
   assert np.isfinite(float(metrics["loss"]))
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("params", (0,), r"TrainStep does not take params=: params= selects the "
+     r"parameter arguments of amp.transform"),
+    ("calibrate", True, r"does not take calibrate=: calibrate= belongs to "
+     r"amp.transform"),
+    ("tolerance", 1e-3, r"tolerance= is calibration's budget"),
+    ("storag", "f32", r"unexpected options: storag \(nearest: storage; "),
+])
+def test_options_train_step_does_not_take_say_where_they_belong(
+    option, value, message):
+  with pytest.raises(TypeError, match=message):
+    amp.train_step(lambda p, b: jnp.sum(p * b), optax.sgd(0.1),
+                   "p=f32,c=bf16,o=f32", **{option: value})

@@ -203,9 +203,28 @@ class _LossScaledProgram:
     known = {"level", "target", "dot_result", "storage", "keep_f32",
              "force_compute", "rematerialize", "strict"} | self._extra_options
     unknown = sorted(set(options) - known)
+    elsewhere = {
+        "params": "params= selects the parameter arguments of amp.transform; "
+                  "here the parameters are the params pytree (argnums for "
+                  "value_and_grad), and every float leaf of it takes the p= "
+                  "dtype",
+        "calibrate": "calibrate= belongs to amp.transform: calibrate the "
+                     "loss with amp.transform(loss, calibrate=...) and pass "
+                     "what it keeps in f32 as keep_f32=",
+        "tolerance": "tolerance= is calibration's budget, on amp.transform",
+        "error_measure": "error_measure= measures calibration's budget, on "
+                         "amp.transform"}
+    for name in unknown:
+      if name in elsewhere:
+        raise TypeError(f"{type(self).__name__} does not take {name}=: "
+                        f"{elsewhere[name]}")
     if unknown:
-      raise TypeError(f"unexpected options: {', '.join(unknown)} (accepted: "
-                      f"{', '.join(sorted(known))})")
+      import difflib
+      nearest = sorted({n for name in unknown for n in
+                        difflib.get_close_matches(name, known, n=2)})
+      raise TypeError(f"unexpected options: {', '.join(unknown)} ("
+                      + (f"nearest: {', '.join(nearest)}; " if nearest else "")
+                      + f"accepted: {', '.join(sorted(known))})")
     self._options = pl.RewriteOptions.make(**options)
     self._programs: dict = {}  # by input signature, for `lower`
     self.rewrite_count = 0
