@@ -1081,3 +1081,56 @@ def test_options_train_step_does_not_take_say_where_they_belong(
   with pytest.raises(TypeError, match=message):
     amp.train_step(lambda p, b: jnp.sum(p * b), optax.sgd(0.1),
                    "p=f32,c=bf16,o=f32", **{option: value})
+
+
+def _simple_loss(w, batch):
+  return jnp.mean(jnp.tanh(batch @ w))
+
+
+_W, _BATCH = jnp.ones((8, 4)) * 0.1, jnp.ones((2, 8))
+
+
+def test_a_step_called_with_the_parameters_says_to_make_a_state():
+  step = amp.train_step(_simple_loss, optax.sgd(0.1), "p=f32,c=bf16,o=f32")
+  with pytest.raises(TypeError, match=r"takes \(state, batch\), where state "
+                     r"is the TrainState from step.init\(params\); got a "
+                     r"\w+ as the state"):
+    step(_W, _BATCH)
+
+
+def test_a_model_state_loss_that_returns_a_bare_loss_says_what_to_return():
+  step = amp.train_step(lambda w, ms, b: _simple_loss(w, b), optax.sgd(0.1),
+                        "p=f32,c=bf16,o=f32")
+  state = step.init(_W, model_state={"count": jnp.zeros(())})
+  with pytest.raises(TypeError, match=r"must return \(loss, "
+                     r"new_model_state\); it returned an array of shape \(\)"):
+    step(state, _BATCH)
+
+
+def test_argnums_on_an_integer_argument_says_to_choose_a_float_one():
+  vg = amp.value_and_grad(lambda w, n: jnp.sum(w) * n, "p=f32,c=bf16,o=f32",
+                          argnums=1)
+  with pytest.raises(TypeError, match=r"argnums selects argument 1 of .*, "
+                     r"which has no float values \(int32\)"):
+    vg(_W, jnp.int32(3))
+
+
+def test_an_optimizer_factory_passed_uncalled_says_to_call_it():
+  with pytest.raises(TypeError, match=r"optimizer must be an optax "
+                     r"GradientTransformation .*got 'sgd': call it, e.g. "
+                     r"optax.sgd\(learning_rate\)"):
+    amp.train_step(_simple_loss, optax.sgd, "p=f32,c=bf16,o=f32")
+
+
+def test_a_state_from_another_step_is_refused():
+  f16 = amp.train_step(_simple_loss, optax.sgd(0.1), "p=f32,c=f16,o=f32")
+  bf16 = amp.train_step(_simple_loss, optax.sgd(0.1), "p=f32,c=bf16,o=f32")
+  with pytest.raises(TypeError, match=r"this state carries a "
+                     r"DynamicLossScale, and this step \(policy "
+                     r"p=f32,c=bf16,o=f32\) uses a NoOpLossScale"):
+    bf16(f16.init(_W), _BATCH)
+  low = amp.train_step(_simple_loss, optax.sgd(0.1), "p=bf16,c=bf16,o=f32")
+  with pytest.raises(TypeError, match=r"parameter params is float32, and this "
+                     r"step's policy p=bf16,c=bf16,o=f32 keeps parameters in "
+                     r"bfloat16"):
+    low(bf16.init(_W), _BATCH)

@@ -1097,3 +1097,10 @@ def test_a_flax_nnx_module_with_rngs_is_an_argument():
   np.testing.assert_allclose(got, jax.jit(lambda m, x: m(x))(model, X),
                              **TOLERANCE[BF16])
   assert fast.lower(model, X).report().lowered["stablehlo.dot_general"] == 1
+
+
+def test_params_that_name_nothing_say_what_they_must_be():
+  with pytest.raises(TypeError, match=r"params must be an argument position "
+                     r"\(int\), name \(str\) or a sequence of them, got 1.5 "
+                     r"\(float\)"):
+    amp.transform(mlp, params=1.5)

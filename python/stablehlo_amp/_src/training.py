@@ -316,6 +316,16 @@ class ValueAndGrad(_LossScaledProgram):
 
   def _traced(self, args, kwargs, loss_scale):
     diff, rest = self._split(args)
+    for position, argument in diff.items():
+      leaves = jax.tree_util.tree_leaves(argument)
+      if not any(jnp.issubdtype(jax_compat.dtype_of(x), jnp.inexact)
+                 for x in leaves):
+        dtypes = sorted({str(jax_compat.dtype_of(x)) for x in leaves})
+        raise TypeError(
+            f"argnums selects argument {position} of {_name(self.fun)}, "
+            f"which has no float values ({', '.join(dtypes) or 'no arrays'})"
+            ": gradients are taken with respect to float arguments only, as "
+            "in jax.grad; choose argnums among the float arguments")
     seed = jnp.ones((), jnp.float32)
     export_args = (_spec(diff, True), _spec(rest, False), _spec(kwargs, False),
                    _spec(seed, False))
@@ -400,6 +410,14 @@ class TrainStep(_LossScaledProgram):
           f"{', '.join(fp8_options)} configure{'s' if len(fp8_options) == 1 else ''} "
           f"FP8 GEMMs, and policy {self.policy} has none: add gemm=f8 "
           "(for example p=f32,c=bf16,o=f32,gemm=f8)")
+    if not (callable(getattr(optimizer, "init", None)) and
+            callable(getattr(optimizer, "update", None))):
+      name = getattr(optimizer, "__name__", type(optimizer).__name__)
+      raise TypeError(
+          "optimizer must be an optax GradientTransformation (with init and "
+          f"update), got {name!r}"
+          + (f": call it, e.g. optax.{name}(learning_rate)"
+             if callable(optimizer) else ""))
     self.optimizer = optimizer
     self.has_aux = has_aux
     self.donate = donate
@@ -417,7 +435,20 @@ class TrainStep(_LossScaledProgram):
     def module_fn(params, opt_state, model_state, batch, seed):
       if with_state:
         def loss_of(p):
-          loss, out = loss_fn(p, model_state, batch)
+          returned = loss_fn(p, model_state, batch)
+          if not (isinstance(returned, tuple) and len(returned) == 2):
+            shape = getattr(returned, "shape", None)
+            raise TypeError(
+                f"with a model state, {_name(loss_fn)}(params, model_state, "
+                "batch) must return (loss, new_model_state)"
+                + (" (with has_aux=True: (loss, (new_model_state, aux)))"
+                   if has_aux else "")
+                + "; it returned "
+                + (f"an array of shape {tuple(shape)}" if shape is not None
+                   else f"a {type(returned).__name__}")
+                + ". Return the model state unchanged if the loss does not "
+                "update it")
+          loss, out = returned
           new_state, aux = out if has_aux else (out, None)
           return loss, (new_state, aux)
         loss, (new_state, aux), grads = _grad_of_floats(
@@ -465,12 +496,44 @@ class TrainStep(_LossScaledProgram):
                       jnp.zeros((), jnp.int32), model_state)
 
   def __call__(self, state: TrainState, batch: Any):
+    self._check_state(state)
     return self._outer(state, batch)
 
   def lower(self, state: TrainState, batch: Any) -> Lowered:
+    self._check_state(state)
     jax_lowered = self._outer.lower(state, batch)
     return Lowered(jax_lowered,
                    self._programs.get(self._program_key(state, batch)))
+
+  def _check_state(self, state: Any) -> None:
+    """TypeError unless `state` is a TrainState this step can take: its
+    loss scaling and parameter dtypes are the ones this step's `init`
+    makes."""
+    if not isinstance(state, TrainState):
+      raise TypeError(
+          "a train step takes (state, batch), where state is the TrainState "
+          "from step.init(params); got a "
+          f"{type(state).__name__} as the state (the parameters? make the "
+          "state once with state = step.init(params), then call "
+          "state, metrics = step(state, batch))")
+    expected = type(self._initial_loss_scale).__name__
+    given = type(state.loss_scale).__name__
+    if given != expected:
+      raise TypeError(
+          f"this state carries a {given}, and this step (policy "
+          f"{self.policy}) uses a {expected}: it was made by another step "
+          "(an f16 step's state in a bf16 step?). Make the state with this "
+          "step's init, or give both steps the same loss_scale=")
+    want = jnp.dtype(self.policy.param_dtype)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]:
+      dtype = jax_compat.dtype_of(leaf)
+      if (jnp.issubdtype(dtype, jnp.floating) and dtype != want and
+          dtype != jnp.dtype(jnp.float64)):
+        raise TypeError(
+            f"the state's parameter {jax.tree_util.keystr(path) or 'params'} "
+            f"is {dtype}, and this step's policy {self.policy} keeps "
+            f"parameters in {want.name}: the state was made by another "
+            "step; make it with this step's init")
 
   def _program_key(self, state: TrainState, batch: Any) -> Any:
     # The amax histories appear after the first step; the program is the

@@ -41,12 +41,17 @@ from stablehlo_amp._src.program import Timings
 from stablehlo_amp._src.report import Report
 
 
-def _as_tuple(value: int | str | Iterable | None) -> tuple:
+def _as_tuple(value: int | str | Iterable | None, what: str = "") -> tuple:
   if value is None:
     return ()
   if isinstance(value, (int, str)):
     return (value,)
-  return tuple(value)
+  try:
+    return tuple(value)
+  except TypeError:
+    raise TypeError(f"{what or 'the value'} must be an argument position "
+                    "(int), name (str) or a sequence of them, got "
+                    f"{value!r} ({type(value).__name__})") from None
 
 
 def _is_float(x: Any) -> bool:
@@ -815,7 +820,7 @@ def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
   options = pl.RewriteOptions.make(
       level=level, target=target, dot_result=dot_result, storage=storage,
       keep_f32=keep_f32, force_compute=force_compute, strict=strict)
-  params_tuple = None if params is None else _as_tuple(params)
+  params_tuple = None if params is None else _as_tuple(params, "params")
   if params_tuple is not None:
     _check_params(fun, params_tuple)
   if tolerance is not None and calibrate is None:
