@@ -1134,3 +1134,35 @@ def test_a_state_from_another_step_is_refused():
                      r"step's policy p=bf16,c=bf16,o=f32 keeps parameters in "
                      r"bfloat16"):
     low(bf16.init(_W), _BATCH)
+
+
+def test_steps_skipped_by_a_forward_overflow_warn_once(recwarn):
+  """f16 whose forward pass overflows: dynamic scaling backs off to its
+  minimum, every step is skipped, and the step says why, once."""
+  def overflowing(w, batch):
+    return jnp.mean(jnp.exp(batch @ w))  # exp(x @ w) > 65504 in f16
+
+  step = amp.train_step(overflowing, optax.sgd(0.1), "p=f32,c=f16,o=f32",
+                        level="O3",
+                        loss_scale=amp.DynamicLossScale(2.0 ** 4,
+                                                        min_scale=1.0))
+  state = step.init(jnp.ones((8, 4)) * 3.0)
+  for _ in range(8):
+    state, metrics = step(state, jnp.ones((2, 8)))
+  jax.effects_barrier()
+  assert int(metrics["skipped_steps"]) == 8
+  stuck = [w for w in recwarn if "training is not progressing" in str(
+      w.message)]
+  assert len(stuck) == 1, [str(w.message) for w in recwarn]
+  assert "the loss itself is not finite: the forward pass overflows in " \
+         "float16" in str(stuck[0].message)
+  assert "(its minimum)" in str(stuck[0].message)
+
+
+def test_finite_steps_do_not_warn(recwarn):
+  step = amp.train_step(_simple_loss, optax.sgd(0.1), "p=f32,c=f16,o=f32")
+  state = step.init(_W)
+  for _ in range(3):
+    state, _ = step(state, _BATCH)
+  jax.effects_barrier()
+  assert not [w for w in recwarn if "not progressing" in str(w.message)]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 from jax.interpreters import mlir as jax_mlir
@@ -24,7 +26,8 @@ from stablehlo_amp._src import contract
 from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
-from stablehlo_amp._src.loss_scale import (LossScale, check_loss_scale,
+from stablehlo_amp._src.loss_scale import (DynamicLossScale, LossScale,
+                                           check_loss_scale,
                                            default_loss_scale)
 from stablehlo_amp._src.policy import Policy, as_policy
 from stablehlo_amp._src.transform import (Lowered, _is_float, _name,
@@ -381,6 +384,12 @@ def value_and_grad(fun: Callable, policy: Policy | str = "p=f32,c=f16,o=f32",
                       **options)
 
 
+# With a fixed loss scale (or none), this many skipped steps make the step
+# warn that training is not progressing; dynamic scaling warns once its
+# scale has backed off to its minimum.
+STUCK_STEPS = 10
+
+
 class TrainState(NamedTuple):
   """Everything a step reads and writes, as a pytree of tensors."""
   params: Any
@@ -421,6 +430,7 @@ class TrainStep(_LossScaledProgram):
     self.optimizer = optimizer
     self.has_aux = has_aux
     self.donate = donate
+    self._stuck_steps, self._warned_stuck = 0, False
     check_loss_scale(loss_scale)
     self._initial_loss_scale = (loss_scale if loss_scale is not None else
                                 default_loss_scale(self.policy.compute_dtype))
@@ -580,6 +590,7 @@ class TrainStep(_LossScaledProgram):
                            zip(new_histories, histories))
                      if histories else None)
     skipped = state.skipped_steps + jnp.where(finite, 0, 1).astype(jnp.int32)
+    self._hint_when_stuck(finite, loss, loss_scale, skipped)
     metrics = {"loss": loss, "grads_finite": finite,
                "loss_scale": jnp.asarray(loss_scale.loss_scale, jnp.float32),
                "skipped_steps": skipped}
@@ -587,6 +598,44 @@ class TrainStep(_LossScaledProgram):
       metrics["aux"] = aux
     return TrainState(new_params, new_opt_state, loss_scale, skipped,
                       new_model_state, new_histories), metrics
+
+  def _hint_when_stuck(self, finite, loss, loss_scale, skipped) -> None:
+    """A skipped step that no loss scale can fix (dynamic scaling already
+    at its floor, or a fixed scale) calls back to the host, which warns
+    once: training is not progressing. Nothing runs on finite steps. Only
+    where the step runs on this machine's backend: a host callback cannot
+    be compiled for another (a deviceless GPU compile on a CPU host)."""
+    if self._options.target != pl.default_target():
+      return
+    if isinstance(loss_scale, DynamicLossScale):
+      floor = loss_scale.loss_scale <= jnp.float32(loss_scale.min_scale)
+    else:
+      floor = jnp.asarray(True)
+    jax.lax.cond(
+        jnp.logical_and(jnp.logical_not(finite), floor),
+        lambda: jax.debug.callback(self._stuck, skipped, jnp.isfinite(loss),
+                                   loss_scale.loss_scale),
+        lambda: None)
+
+  def _stuck(self, skipped, loss_finite, scale) -> None:
+    self._stuck_steps += 1
+    dynamic = isinstance(self._initial_loss_scale, DynamicLossScale)
+    if self._warned_stuck or (not dynamic and
+                              self._stuck_steps < STUCK_STEPS):
+      return
+    self._warned_stuck = True
+    where = ("the loss itself is not finite: the forward pass overflows in "
+             f"{jnp.dtype(self.policy.compute_dtype).name}, which no loss "
+             "scale can fix (keep_f32= the op that overflows, or use bf16)"
+             if not bool(loss_finite) else
+             "the gradients are not finite while the loss is: the backward "
+             "pass overflows")
+    warnings.warn(
+        f"stablehlo-amp: {int(skipped)} steps skipped so far, the last ones "
+        f"at a loss scale of {float(scale):g}"
+        + (" (its minimum)" if dynamic else "") + f": {where}. Skipped "
+        "steps leave the parameters unchanged, so training is not "
+        "progressing", stacklevel=2)
 
   def _histories(self, program: prog.Program, given: Any) -> tuple:
     """The amax histories the program takes: the state's, or zeros on the
