@@ -520,13 +520,9 @@ def _checkpoint_setup():
   return step, params, batches
 
 
-def _leaves_equal(a, b) -> bool:
-  return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in
-             zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
-
-
-def test_flax_serialization_round_trips_a_train_state_and_resumes():
-  serialization = pytest.importorskip("flax.serialization")
+def _three_steps_and_six():
+  """The step, its inputs, the state after all six batches and the state
+  after the first three (the one a checkpoint holds)."""
   step, params, batches = _checkpoint_setup()
   straight = step.init(params)
   for batch in batches:
@@ -534,6 +530,17 @@ def test_flax_serialization_round_trips_a_train_state_and_resumes():
   state = step.init(params)
   for batch in batches[:3]:
     state, _ = step(state, batch)
+  return step, params, batches, straight, state
+
+
+def _leaves_equal(a, b) -> bool:
+  return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in
+             zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+def test_flax_serialization_round_trips_a_train_state_and_resumes():
+  serialization = pytest.importorskip("flax.serialization")
+  step, params, batches, straight, state = _three_steps_and_six()
   data = serialization.to_bytes(state)
   restored = serialization.from_bytes(step.init(params), data)
   assert isinstance(restored.loss_scale, amp.DynamicLossScale)
@@ -559,13 +566,7 @@ def test_flax_serialization_of_the_other_loss_scales(loss_scale):
 
 def test_orbax_round_trips_a_train_state_and_resumes(tmp_path):
   ocp = pytest.importorskip("orbax.checkpoint")
-  step, params, batches = _checkpoint_setup()
-  straight = step.init(params)
-  for batch in batches:
-    straight, _ = step(straight, batch)
-  state = step.init(params)
-  for batch in batches[:3]:
-    state, _ = step(state, batch)
+  step, params, batches, straight, state = _three_steps_and_six()
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(tmp_path / "ckpt", state)
   checkpointer.wait_until_finished()
