@@ -98,7 +98,7 @@ lit: build
 	lit -sv $(LIT_SUITES)
 
 pytest: build
-	$(PY) -m pytest -q test/python
+	env JAX_PLATFORMS=cpu $(PY) -m pytest -q test/python
 
 doctest: build
 	cd /tmp && $(abspath $(PY)) -m pytest -q --doctest-modules --pyargs stablehlo_amp

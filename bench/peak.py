@@ -4,7 +4,6 @@ by the op that made each value.
     python bench/peak.py                       # LM: f32, ours bf16, storage=f32
     python bench/peak.py --model mlp --variants f32,ours-bf16,all-bf16
     python bench/peak.py --no-donate --top 40
-    python bench/peak.py --variants proto-O1-C+ynn-dots   # storage_rules.py
 
 Builds the variants as bench/peers.py does (state donated unless
 --no-donate), compiles each with XLA's dumps on (--xla_dump_to, text), and
@@ -383,11 +382,7 @@ def main(argv=None) -> int:
         # The step only (jax.export and the eval function compile nothing
         # here; small helpers would otherwise be dumped too).
         "xla_dump_hlo_module_re": ".*(step|traced|plain).*"})
-    if variant.startswith("proto-"):  # bench/storage_rules.py's prototypes
-      import storage_rules
-      built = storage_rules.proto_builder(variant)(model, host, donate)
-    else:
-      built = peers.build(variant, model, batch, donate=donate)
+    built = peers.build(variant, model, batch, donate=donate)
     result = analyse(dump)
     result["memory"] = common.memory(built.compiled)
     results["variants"][variant] = result
