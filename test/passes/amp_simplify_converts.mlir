@@ -200,3 +200,39 @@ func.func public @regions(%arg0: tensor<4xf32>, %arg1: tensor<i1>, %arg2: tensor
   }) : (tensor<i1>) -> tensor<4xbf16>
   return %0 : tensor<4xbf16>
 }
+
+// -----
+
+// A convert inside a region reuses an equal convert of the enclosing block
+// that comes before the region's op (it dominates the region); a convert in
+// a region is not reused by one after the op in the enclosing block.
+
+// CHECK-LABEL: func.func public @enclosing_block(
+// CHECK-SAME: %[[X:[^:]*]]: tensor<4xf32>, %[[P:[^:]*]]: tensor<i1>)
+// CHECK-NEXT: %[[B:.*]] = stablehlo.convert %[[X]] : (tensor<4xf32>) -> tensor<4xbf16>
+// CHECK-NEXT: %[[R:.*]] = "stablehlo.if"(%[[P]]) ({
+// CHECK-NEXT: %[[N:.*]] = stablehlo.negate %[[B]] : tensor<4xbf16>
+// CHECK-NEXT: stablehlo.return %[[N]] : tensor<4xbf16>
+// CHECK-NEXT: }, {
+// CHECK-NEXT: %[[H:.*]] = stablehlo.convert %[[X]] : (tensor<4xf32>) -> tensor<4xf16>
+// CHECK-NEXT: %[[HB:.*]] = stablehlo.convert %[[H]] : (tensor<4xf16>) -> tensor<4xbf16>
+// CHECK-NEXT: stablehlo.return %[[HB]] : tensor<4xbf16>
+// CHECK-NEXT: })
+// CHECK-NEXT: %[[H2:.*]] = stablehlo.convert %[[X]] : (tensor<4xf32>) -> tensor<4xf16>
+// CHECK-NEXT: %[[A:.*]] = stablehlo.add %[[R]], %[[B]] : tensor<4xbf16>
+// CHECK-NEXT: return %[[A]], %[[H2]] : tensor<4xbf16>, tensor<4xf16>
+func.func public @enclosing_block(%arg0: tensor<4xf32>, %arg1: tensor<i1>) -> (tensor<4xbf16>, tensor<4xf16>) {
+  %0 = stablehlo.convert %arg0 : (tensor<4xf32>) -> tensor<4xbf16>
+  %1 = "stablehlo.if"(%arg1) ({
+    %2 = stablehlo.convert %arg0 : (tensor<4xf32>) -> tensor<4xbf16>
+    %3 = stablehlo.negate %2 : tensor<4xbf16>
+    stablehlo.return %3 : tensor<4xbf16>
+  }, {
+    %2 = stablehlo.convert %arg0 : (tensor<4xf32>) -> tensor<4xf16>
+    %3 = stablehlo.convert %2 : (tensor<4xf16>) -> tensor<4xbf16>
+    stablehlo.return %3 : tensor<4xbf16>
+  }) : (tensor<i1>) -> tensor<4xbf16>
+  %4 = stablehlo.convert %arg0 : (tensor<4xf32>) -> tensor<4xf16>
+  %5 = stablehlo.add %1, %0 : tensor<4xbf16>
+  return %5, %4 : tensor<4xbf16>, tensor<4xf16>
+}
