@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import pathlib
 import os
 import statistics
 import sys
@@ -82,6 +83,7 @@ def main(argv=None) -> int:
   print(f"\nsignatures rewritten: {fast.rewrite_count} "
         f"(module of about {result['ops']} lines)")
   os.makedirs(os.path.dirname(args.json), exist_ok=True)
+  pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
   with open(args.json, "w") as f:
     json.dump(result, f, indent=1)
   return 0

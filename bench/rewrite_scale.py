@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import pathlib
 import math
 import os
 import subprocess
@@ -99,6 +100,7 @@ def main(argv=None) -> int:
   print(f"\ngrowth exponents (log-log fit): time {growth['time']:.2f}, "
         f"memory {growth['memory']:.2f}")
   os.makedirs(os.path.dirname(args.json), exist_ok=True)
+  pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
   with open(args.json, "w") as f:
     json.dump({"rows": rows, "growth": growth}, f, indent=1)
   return 0
