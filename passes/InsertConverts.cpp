@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "Calls.h"
 #include "Contract.h"
 #include "CpuDotLayout.h"
 #include "Passes.h"
@@ -510,6 +511,8 @@ void InsertConvertsPass::runOnOperation() {
   }
   if (parsed.level == Level::O0)
     return;
+  // Rules follow calls: each call site is decided in its own context.
+  inlinePrivateCalls(module);
   PrecisionAnalysis analysis(module, parsed);
   // Decisions are attached before rewriting, while every op is where the
   // analysis saw it; the CPU dot rewrite carries them to the new dots.

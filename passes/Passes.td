@@ -53,9 +53,25 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
     removes) and their f32 results the output dtype (a result marked
     `amp.state_of = N` takes argument N's dtype instead). Only f32 values
     are rewritten: f64, f16 or bf16 values in the input keep their dtype.
-    Control flow (`while`, `if`, `case`, calls) keeps its interface types and
-    is painted inside; reduction bodies follow their operation. Float
+    Control flow (`while`, `if`, `case`) keeps its interface types and is
+    painted inside; reduction bodies follow their operation. Float
     constants are re-encoded, not converted.
+
+    *Rules follow calls.* JAX lowers library functions (`jnp.var`,
+    `jnp.std`, `jax.nn.relu`, `jnp.linalg` helpers) and nested `jit`s to
+    private functions, and torchax does so for PyTorch's batch norm. Before
+    deciding, the pass specialises every call of a private, single-block
+    function to its call site: the callee's body replaces the call, one copy
+    per call site, and callees left unused are erased. Every rule (storage,
+    decisions and linear algebra, FP8 eligibility, calibration groups) then
+    sees a called function exactly as if it were written inline, and a
+    function called from two contexts is decided in each. XLA inlines every
+    call before it optimises (CallInliner), so the compiled program is the
+    same. Calls that carry attributes of their own (Shardy's manual
+    computation bodies, frontend attributes), callees with argument or
+    result attributes, public and recursive callees stay calls, painted
+    inside with one decision for all their call sites. `level=O0` keeps
+    every call.
 
     *Storage* (`storage=compute`, the default on every target). A value has
     one dtype, so f32 arithmetic would also mean f32 memory. With storage

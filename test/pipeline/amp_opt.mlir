@@ -564,33 +564,29 @@ func.func public @case(%arg0: tensor<4x8xf32>, %arg1: tensor<8x8xf32>, %arg2: te
 
 // -----
 
-// func.call into a private function: the private signature is unchanged and
-// its body is painted.
+// func.call into a private function: the call is specialised to its call
+// site (rules follow calls), so the body is painted in the caller's context
+// and the callee, now unused, is gone.
 
 // CHECK-LABEL: func.func public @call(
-// CHECK-SAME: %[[W:[^:]*]]: tensor<8x8xf32>, %[[X:[^:]*]]: tensor<4x8xf32>) -> tensor<4x8xf32>
-// CHECK-NEXT: %[[R:.*]] = call @closed_call(%[[W]], %[[X]]) : (tensor<8x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
-// CHECK-NEXT: return %[[R]] : tensor<4x8xf32>
-// CHECK-LABEL: func.func private @closed_call(
 // CHECK-SAME: %[[W:[^:]*]]: tensor<8x8xf32>, %[[X:[^:]*]]: tensor<4x8xf32>) -> tensor<4x8xf32>
 // CHECK-DAG: %[[WB:.*]] = stablehlo.convert %[[W]] : (tensor<8x8xf32>) -> tensor<8x8xbf16>
 // CHECK-DAG: %[[XB:.*]] = stablehlo.convert %[[X]] : (tensor<4x8xf32>) -> tensor<4x8xbf16>
 // CHECK: %[[D:.*]] = stablehlo.dot_general %[[XB]], %[[WB]], {{.*}} : (tensor<4x8xbf16>, tensor<8x8xbf16>) -> tensor<4x8xf32>
 // CHECK-NEXT: %[[T:.*]] = stablehlo.tanh %[[D]] : tensor<4x8xf32>
 // CHECK-NEXT: return %[[T]] : tensor<4x8xf32>
+// CHECK-NOT: func.func private @closed_call
 
-// bf16 params change the public signature only; the call converts.
+// bf16 params: the public signature is bf16, the dot takes them directly.
 // BF16-LABEL: func.func public @call(
 // BF16-SAME: %[[W:[^:]*]]: tensor<8x8xbf16>, %[[X:[^:]*]]: tensor<4x8xbf16>) -> tensor<4x8xbf16>
-// BF16-DAG: %[[WF:.*]] = stablehlo.convert %[[W]] : (tensor<8x8xbf16>) -> tensor<8x8xf32>
-// BF16-DAG: %[[XF:.*]] = stablehlo.convert %[[X]] : (tensor<4x8xbf16>) -> tensor<4x8xf32>
-// BF16: %[[R:.*]] = call @closed_call(%[[WF]], %[[XF]]) : (tensor<8x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
-// BF16: %[[RB:.*]] = stablehlo.convert %[[R]] : (tensor<4x8xf32>) -> tensor<4x8xbf16>
-// BF16: return %[[RB]] : tensor<4x8xbf16>
-// BF16-LABEL: func.func private @closed_call(
-// BF16-SAME: %{{[^:]*}}: tensor<8x8xf32>, %{{[^:]*}}: tensor<4x8xf32>) -> tensor<4x8xf32>
+// BF16-NEXT: %[[D:.*]] = stablehlo.dot_general %[[X]], %[[W]], {{.*}} : (tensor<4x8xbf16>, tensor<8x8xbf16>) -> tensor<4x8xf32>
+// BF16-NEXT: %[[T:.*]] = stablehlo.tanh %[[D]] : tensor<4x8xf32>
+// BF16-NEXT: %[[RB:.*]] = stablehlo.convert %[[T]] : (tensor<4x8xf32>) -> tensor<4x8xbf16>
+// BF16-NEXT: return %[[RB]] : tensor<4x8xbf16>
+// BF16-NOT: func.func private @closed_call
 
-// KEEP-LABEL: func.func private @closed_call(
+// KEEP-LABEL: func.func public @call(
 // KEEP: %[[T:.*]] = stablehlo.tanh %{{.*}} : tensor<4x8xf32>
 func.func public @call(%arg0: tensor<8x8xf32>, %arg1: tensor<4x8xf32>) -> tensor<4x8xf32> {
   %0 = func.call @closed_call(%arg0, %arg1) : (tensor<8x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>

@@ -252,6 +252,15 @@ def parse_module(source: str | bytes, context: ir.Context,
   form = form if form is not None else SourceForm()
   version = (jax_compat.portable_artifact_version(source)
              if isinstance(source, bytes) else None)
+  if isinstance(source, bytes) and not version and _is_serialized_exported(
+      source):
+    raise InvalidIRError(
+        f"{source_name}: error: this is a serialized jax.export.Exported "
+        "(Exported.serialize(), a flatbuffer around the module), not a "
+        "StableHLO module. Give its module instead: write "
+        "jax.export.deserialize(data).mlir_module_serialized to a file (a "
+        "portable artifact), or jax.export.deserialize(data).mlir_module() "
+        "as text")
   try:
     if version:
       form.kind, form.version = "portable", version
@@ -270,6 +279,20 @@ def parse_module(source: str | bytes, context: ir.Context,
     raise InvalidIRError(f"{source_name}: error: input is neither MLIR text "
                          "nor MLIR bytecode") from None
   return module
+
+
+def _is_serialized_exported(data: bytes) -> bool:
+  """Whether `data` is `Exported.serialize()`'s flatbuffer: not MLIR
+  bytecode itself, but holding a portable artifact as a byte vector (a
+  little-endian uint32 length, then the bytes)."""
+  if data.startswith(b"ML\xefR"):
+    return False
+  start = data.find(b"ML\xefR")
+  if start < 4:
+    return False
+  length = int.from_bytes(data[start - 4:start], "little")
+  return (start + length <= len(data) and jax_compat.portable_artifact_version(
+      data[start:start + length]) is not None)
 
 
 _PASS_DIAGNOSTIC = re.compile(
