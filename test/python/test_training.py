@@ -1001,7 +1001,11 @@ def test_the_report_says_where_each_decision_is_and_groups_by_phase():
   assert "    forward: " in text and "    backward: " in text
   assert "    optimizer: " in text
   entries = report.to_dict()["decisions"]
-  assert {e["phase"] for e in entries} == {"forward", "backward", "optimizer"}
+  assert {e["phase"] for e in entries if e["phase"]} == {
+      "forward", "backward", "optimizer"}
+  # Only ops without a location have no phase: jax 0.4.36 hoists constants
+  # with loc(unknown).
+  assert {e["op"] for e in entries if not e["phase"]} <= {"stablehlo.constant"}
 
 
 def test_debug_prints_in_the_loss_run_and_the_step_is_still_rewritten(capfd):
