@@ -1,8 +1,7 @@
 //===- Calls.h - Calls analysed in their callers' context -----------------===//
 //
 // JAX lowers library functions (`jnp.var`, `jnp.std`, `jax.nn.relu`, the
-// `jnp.linalg` helpers) and nested `jit`s to private functions, and PyTorch
-// programs exported through torchax lower their batch norms the same way.
+// `jnp.linalg` helpers) and nested `jit`s to private functions.
 // Every rule of the precision analysis (storage, decisions and linear
 // algebra, FP8 eligibility, calibration groups) reads producers and users
 // within a function, so each call is specialised first: its callee's body is

@@ -59,8 +59,7 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
 
     *Rules follow calls.* JAX lowers library functions (`jnp.var`,
     `jnp.std`, `jax.nn.relu`, `jnp.linalg` helpers) and nested `jit`s to
-    private functions, and torchax does so for PyTorch's batch norm. Before
-    deciding, the pass specialises every call of a private, single-block
+    private functions. Before deciding, the pass specialises every call of a private, single-block
     function to its call site: the callee's body replaces the call, one copy
     per call site, and callees left unused are erased. Every rule (storage,
     decisions and linear algebra, FP8 eligibility, calibration groups) then
