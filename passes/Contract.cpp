@@ -165,6 +165,39 @@ llvm::StringRef mlir::amp::precisionId(Precision precision) {
 
 llvm::StringRef mlir::amp::reasonId(Reason reason) { return infoOf(reason).id; }
 
+namespace {
+struct Fp8IneligibilityInfo {
+  Fp8Ineligibility why;
+  const char *id;
+  const char *text;
+};
+constexpr Fp8IneligibilityInfo kFp8Ineligibilities[] = {
+    {Fp8Ineligibility::DimensionsUnreadable, "dimensions_unreadable",
+     "dimension numbers not readable"},
+    {Fp8Ineligibility::DynamicShapes, "dynamic_shapes", "dynamic shapes"},
+    {Fp8Ineligibility::BatchDimensions, "batch_dimensions",
+     "batch dimensions (batched products stay in the compute dtype)"},
+    {Fp8Ineligibility::SizeNotMultipleOf16, "size_not_multiple_of_16",
+     "a size is not a multiple of 16 (cuBLASLt's FP8 requirement)"},
+    {Fp8Ineligibility::BothE5M2, "both_e5m2",
+     "both operands e5m2 (no e5m2 x e5m2 FP8 GEMM)"},
+};
+
+const Fp8IneligibilityInfo &infoOf(Fp8Ineligibility why) {
+  for (const Fp8IneligibilityInfo &info : kFp8Ineligibilities)
+    if (info.why == why)
+      return info;
+  llvm_unreachable("every FP8 ineligibility is listed");
+}
+} // namespace
+
+llvm::StringRef mlir::amp::fp8IneligibilityId(Fp8Ineligibility why) {
+  return infoOf(why).id;
+}
+llvm::StringRef mlir::amp::fp8IneligibilityText(Fp8Ineligibility why) {
+  return infoOf(why).text;
+}
+
 //===----------------------------------------------------------------------===//
 // The contract as JSON
 //===----------------------------------------------------------------------===//
@@ -287,10 +320,14 @@ llvm::json::Object decisionsJson() {
   llvm::json::Object reasons;
   for (const ReasonInfo &info : kReasons)
     reasons[info.id] = info.text;
+  llvm::json::Object fp8Reasons;
+  for (const Fp8IneligibilityInfo &info : kFp8Ineligibilities)
+    fp8Reasons[info.id] = info.text;
   return llvm::json::Object{{"precisions", strings({precisionId(Precision::Low),
                                   precisionId(Precision::Full),
                                   precisionId(Precision::Unchanged)})},
-          {"reasons", std::move(reasons)}};
+          {"reasons", std::move(reasons)},
+          {"fp8_reasons", std::move(fp8Reasons)}};
 }
 } // namespace
 

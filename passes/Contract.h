@@ -145,6 +145,18 @@ enum class Reason {
 };
 llvm::StringRef reasonId(Reason reason);
 
+/// Why a lowered dot is not an FP8 GEMM (amp-fp8-gemms): an id the report
+/// carries (`gemm_reason`) and a text, as for Reason.
+enum class Fp8Ineligibility {
+  DimensionsUnreadable,
+  DynamicShapes,
+  BatchDimensions,
+  SizeNotMultipleOf16,
+  BothE5M2,
+};
+llvm::StringRef fp8IneligibilityId(Fp8Ineligibility why);
+llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);
+
 //===----------------------------------------------------------------------===//
 // The whole contract, for the extension
 //===----------------------------------------------------------------------===//

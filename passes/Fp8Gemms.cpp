@@ -20,6 +20,7 @@
 #include "llvm/ADT/DenseSet.h"
 
 #include <cfloat>
+#include <optional>
 
 namespace mlir::amp {
 #define GEN_PASS_DEF_AMPFP8GEMMSPASS
@@ -40,14 +41,20 @@ struct OperandPlan {
 };
 
 /// Why a dot cannot take FP8 operands, or empty if it can.
-std::string ineligibility(Operation *dot) {
+/// Why `dot` cannot be an FP8 GEMM, with a detail for people (its sizes);
+/// nothing when it can.
+struct Ineligible {
+  Fp8Ineligibility why;
+  std::string detail;
+};
+std::optional<Ineligible> ineligibility(Operation *dot) {
   std::optional<shlo::DotDimensions> dims = shlo::getDotDimensions(dot);
   if (!dims)
-    return "dimension numbers not readable";
+    return Ineligible{Fp8Ineligibility::DimensionsUnreadable, ""};
   for (Value operand : dot->getOperands()) {
     auto type = dyn_cast<RankedTensorType>(operand.getType());
     if (!type || !type.hasStaticShape())
-      return "dynamic shapes";
+      return Ineligible{Fp8Ineligibility::DynamicShapes, ""};
   }
   // A batch of one (XLA:CPU's canonical dot form) is a plain GEMM.
   auto lhsType = cast<RankedTensorType>(dot->getOperand(0).getType());
@@ -55,7 +62,7 @@ std::string ineligibility(Operation *dot) {
   for (int64_t d : dims->lhsBatch)
     batch *= lhsType.getDimSize(d);
   if (batch != 1)
-    return "batch dimensions (batched products stay in the compute dtype)";
+    return Ineligible{Fp8Ineligibility::BatchDimensions, ""};
   auto sizes = [](Value operand, llvm::ArrayRef<int64_t> contracting,
                   llvm::ArrayRef<int64_t> batchDims) {
     auto type = cast<RankedTensorType>(operand.getType());
@@ -71,10 +78,11 @@ std::string ineligibility(Operation *dot) {
   auto [k2, n] = sizes(dot->getOperand(1), dims->rhsContracting,
                        dims->rhsBatch);
   if (k % 16 || m % 16 || n % 16)
-    return "shape " + std::to_string(m) + "x" + std::to_string(k) + " * " +
-           std::to_string(k2) + "x" + std::to_string(n) +
-           " is not a multiple of 16";
-  return "";
+    return Ineligible{Fp8Ineligibility::SizeNotMultipleOf16,
+                      "shape " + std::to_string(m) + "x" + std::to_string(k) +
+                          " * " + std::to_string(k2) + "x" +
+                          std::to_string(n)};
+  return std::nullopt;
 }
 
 class Fp8GemmsPass final
@@ -113,6 +121,9 @@ private:
   /// index of its survival marker (replaceWithFp8Dot).
   void annotate(Operation *dot, llvm::StringRef text,
                 std::optional<int64_t> marker = std::nullopt);
+  /// Adds why `dot` stays in the compute dtype: the text, and the reason's
+  /// contract id as `gemm_reason`.
+  void annotateIneligible(Operation *dot, const Ineligible &ineligible);
 };
 
 LogicalResult Fp8GemmsPass::initialize(MLIRContext *context) {
@@ -293,6 +304,22 @@ void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text,
   dot->setAttr(attr::kDecision, fields.getDictionary(&getContext()));
 }
 
+void Fp8GemmsPass::annotateIneligible(Operation *dot,
+                                      const Ineligible &ineligible) {
+  std::string text =
+      ("not eligible: " + fp8IneligibilityText(ineligible.why)).str();
+  if (!ineligible.detail.empty())
+    text += " (" + ineligible.detail + ")";
+  annotate(dot, text);
+  auto decision = dot->getAttrOfType<DictionaryAttr>(attr::kDecision);
+  if (!decision)
+    return;
+  NamedAttrList fields(decision);
+  fields.set("gemm_reason", StringAttr::get(&getContext(),
+                                            fp8IneligibilityId(ineligible.why)));
+  dot->setAttr(attr::kDecision, fields.getDictionary(&getContext()));
+}
+
 void Fp8GemmsPass::runOnOperation() {
   ModuleOp module = getOperation();
   if (!optionError.empty()) {
@@ -315,9 +342,8 @@ void Fp8GemmsPass::runOnOperation() {
       dots.push_back(op);
   });
   for (Operation *dot : dots) {
-    std::string reason = ineligibility(dot);
-    if (!reason.empty()) {
-      annotate(dot, "not eligible: " + reason);
+    if (std::optional<Ineligible> ineligible = ineligibility(dot)) {
+      annotateIneligible(dot, *ineligible);
       continue;
     }
     llvm::SmallVector<OperandPlan> plans;
@@ -327,8 +353,7 @@ void Fp8GemmsPass::runOnOperation() {
         isa<Float8E5M2Type>(plans[1].format)) {
       // cuBLASLt multiplies e4m3 by e4m3 or e5m2, never e5m2 by e5m2 (an
       // explicit gemm=f8e5m2 gets it anyway: XLA then runs it dequantized).
-      annotate(dot, "not eligible: both operands e5m2 (no e5m2 x e5m2 FP8 "
-                    "GEMM)");
+      annotateIneligible(dot, {Fp8Ineligibility::BothE5M2, ""});
       continue;
     }
     OpBuilder builder(dot);

@@ -262,7 +262,10 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
     attention products stay in the compute dtype, as in Transformer Engine),
     and the contracting and free sizes of both operands multiples of 16
     (cuBLASLt's FP8 requirement). With `report=true` each dot's decision
-    gets a `gemm` entry: its operand formats, or why it is not eligible.
+    gets a `gemm` entry: its operand formats, or why it is not eligible,
+    with that reason's contract id as `gemm_reason` (`dimensions_unreadable`,
+    `dynamic_shapes`, `batch_dimensions`, `size_not_multiple_of_16`,
+    `both_e5m2`).
 
     Before (after `amp-insert-converts`):
     ```mlir

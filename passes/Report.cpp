@@ -54,6 +54,8 @@ llvm::json::Object decisionJson(Operation *op, DictionaryAttr decision) {
     record["fp8"] = fp8.getInt();
   if (!string("gemm").empty())
     record["gemm"] = string("gemm");
+  if (!string("gemm_reason").empty())
+    record["gemm_reason"] = string("gemm_reason");
   return record;
 }
 } // namespace

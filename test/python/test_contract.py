@@ -35,6 +35,35 @@ def test_no_attribute_name_is_written_in_python(role):
   assert not found, f"{name} is written in {found}; read it from the contract"
 
 
+def test_report_readers_compare_no_precision_or_fp8_text_of_their_own():
+  # The report and calibration read precision ids, reason ids and FP8
+  # ineligibility ids from the contract; FP8 reasons are ids, not prose
+  # matched by prefix.
+  readers = {p: t for p, t in _python_text().items()
+             if p.name in ("report.py", "calibration.py")}
+  assert len(readers) == 2
+  for path, text in readers.items():
+    for precision in contract.precisions():
+      assert not re.search(rf"==\s*['\"]{precision}['\"]", text), (
+          f"{path.name} compares with the precision id {precision!r}")
+    assert "not eligible" not in text, f"{path.name} matches FP8 prose"
+    assert "matrix_multiply\"" not in text or path.name != "report.py"
+
+
+def test_every_fp8_ineligibility_has_an_id_and_a_text():
+  reasons = contract.document()["decisions"]["fp8_reasons"]
+  assert set(reasons) == {"dimensions_unreadable", "dynamic_shapes",
+                          "batch_dimensions", "size_not_multiple_of_16",
+                          "both_e5m2"}
+  assert all(contract.fp8_reason_text(r) for r in reasons)
+
+
+def test_an_unknown_reason_id_is_refused():
+  assert contract.reasons("matrix_multiply") == ("matrix_multiply",)
+  with pytest.raises(KeyError, match="matrix_multiplication"):
+    contract.reasons("matrix_multiplication")
+
+
 # The loss-scale defaults as they could be spelled in Python.
 _DEFAULT_SPELLINGS = {
     "growth_interval": [r"\b2000\b"],

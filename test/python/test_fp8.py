@@ -79,6 +79,24 @@ def test_an_all_zero_operand_gives_zeros_not_nan():
   np.testing.assert_array_equal(np.asarray(got), np.zeros((32, 16)))
 
 
+def test_the_report_says_why_a_dot_is_not_fp8_by_contract_id():
+  # 30 rows: not a multiple of 16, so that dot stays bf16; the other is FP8.
+  def f(x, w, v):
+    return (x @ w).sum() + (v @ w).sum()
+
+  args = (jnp.ones((30, 64)), jnp.ones((64, 16)), jnp.ones((32, 64)))
+  report = amp.transform(f, F8, target="gpu").lower(*args).report()
+  dots = [d for d in report.decisions if d.op == "stablehlo.dot_general"]
+  assert sorted(d.gemm_reason_id for d in dots) == [
+      "", "size_not_multiple_of_16"]
+  assert len(report.fp8_gemms) == 1
+  assert report.fp8_gemms[0].gemm == "f8e4m3fn x f8e4m3fn, current scaling"
+  text = str(report)
+  assert ("kept in bf16, not FP8: a size is not a multiple of 16 "
+          "(cuBLASLt's FP8 requirement): 1 op") in text, text
+  assert "FP8 GEMMs: 1 op (f8e4m3fn x f8e4m3fn, current scaling: 1)" in text
+
+
 def test_unscaled_fp8_compute_dtype_is_rejected_pointing_to_gemm():
   with pytest.raises(ValueError, match=r"FP8 dtype 'f8e4m3fn' cannot be the "
                      r"compute dtype: .* add gemm=f8"):

@@ -32,9 +32,11 @@ import numpy as np
 from jax import export as jax_export
 from jax.extend.mlir import ir
 
+from stablehlo_amp._src import contract
 from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
+from stablehlo_amp._src import report as report_mod
 from stablehlo_amp._src.policy import Policy
 
 
@@ -105,7 +107,8 @@ def short_location(loc: str) -> str:
 # The pseudo-group of the storage decision (group ids are >= 0).
 STORAGE_GROUP = -1
 # The reasons of the matrix multiplies that open calibration groups.
-_GROUP_ROOT_REASONS = ("matrix_multiply", "matrix_multiply_compute")
+_GROUP_ROOT_REASONS = contract.reasons("matrix_multiply",
+                                      "matrix_multiply_compute")
 
 
 def load_inputs(path: str) -> list[np.ndarray]:
@@ -210,7 +213,7 @@ def calibrate(module: ir.Module, policy: Policy, options: pl.RewriteOptions,
   base, base_error = error_of(())
   report = base.report
   groups = {d.group: short_location(d.loc) for d in report.decisions
-            if d.group is not None and d.precision == "low"
+            if d.group is not None and d.precision == report_mod.LOW
             and d.reason_id in _GROUP_ROOT_REASONS}
   if options.storage != "f32" and any(d.stored for d in report.decisions):
     # Rounding stored results is an error source of its own: a candidate

@@ -66,5 +66,25 @@ def reason_text(reason_id: str) -> str:
   return document()["decisions"]["reasons"][reason_id]
 
 
+def reasons(*reason_ids: str) -> tuple[str, ...]:
+  """`reason_ids`, each checked against the contract's report reasons."""
+  known = document()["decisions"]["reasons"]
+  unknown = [r for r in reason_ids if r not in known]
+  if unknown:
+    raise KeyError(f"not report reasons of the contract: {unknown}")
+  return reason_ids
+
+
+def precisions() -> tuple[str, str, str]:
+  """The report's precision ids: low, f32 and unchanged, in that order."""
+  low, full, unchanged = document()["decisions"]["precisions"]
+  return low, full, unchanged
+
+
+def fp8_reason_text(reason_id: str) -> str:
+  """Why a lowered dot is not an FP8 GEMM, for its `gemm_reason` id."""
+  return document()["decisions"]["fp8_reasons"][reason_id]
+
+
 def policy_grammar() -> str:
   return document()["policy"]["grammar"]

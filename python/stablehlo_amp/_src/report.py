@@ -36,6 +36,8 @@ PHASES = ("forward", "backward", "optimizer")
 # Ops that follow their neighbours and would swamp the headline counts.
 _FOLLOWERS = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.constant",
                         "stablehlo.iota"})
+# The precision ids the passes write (the contract's).
+LOW, F32, UNCHANGED = contract.precisions()
 
 
 def _unwrap(segment: str) -> str:
@@ -56,13 +58,14 @@ def _mib(count: int) -> str:
 class OpDecision:
   """The precision chosen for one op, why, and where the op is."""
   op: str
-  precision: str  # "low", "f32" or "unchanged"
+  precision: str  # LOW, F32 or UNCHANGED ("low", "f32", "unchanged")
   reason_id: str
   loc: str
   detail: str = ""
   group: int | None = None  # calibration group
   stored: bool = False      # its result is stored in the compute dtype
   gemm: str = ""            # FP8 operand formats, or why not FP8
+  gemm_reason_id: str = ""  # why not FP8, as the contract's id
   # The indices of its survival markers (the stored value's rounding, the
   # FP8 dot) in the program XLA compiles: see `Report.with_compiled`.
   stored_index: int | None = None
@@ -142,7 +145,9 @@ class Report:
         OpDecision(op=d["op"], precision=d["precision"], reason_id=d["reason"],
                    loc=d["loc"], detail=d.get("detail", ""),
                    group=d.get("group"), stored="stored" in d,
-                   gemm=d.get("gemm", ""), stored_index=d.get("stored"),
+                   gemm=d.get("gemm", ""),
+                   gemm_reason_id=d.get("gemm_reason", ""),
+                   stored_index=d.get("stored"),
                    fp8_index=d.get("fp8"))
         for d in data["ops"])
     return cls(policy, level, target, decisions, data["converts_inserted"],
@@ -182,19 +187,19 @@ class Report:
   @property
   def lowered(self) -> collections.Counter:
     return collections.Counter(
-        d.op for d in self.decisions if d.precision == "low")
+        d.op for d in self.decisions if d.precision == LOW)
 
   @property
   def kept_f32(self) -> collections.Counter:
     return collections.Counter(
-        d.op for d in self.decisions if d.precision == "f32")
+        d.op for d in self.decisions if d.precision == F32)
 
   @property
   def unchanged(self) -> collections.Counter:
     """Ops with float values but none in f32 (f64, or already low
     precision): the policy does not apply to them."""
     return collections.Counter(
-        d.op for d in self.decisions if d.precision == "unchanged")
+        d.op for d in self.decisions if d.precision == UNCHANGED)
 
   @property
   def stored_low(self) -> collections.Counter:
@@ -204,14 +209,13 @@ class Report:
   @property
   def fp8_gemms(self) -> list[OpDecision]:
     """The dots that take FP8 operands (`gemm` names the formats)."""
-    return [d for d in self.decisions
-            if d.gemm and not d.gemm.startswith("not eligible")]
+    return [d for d in self.decisions if d.fp8_index is not None]
 
   @property
   def kept_f32_reasons(self) -> dict[str, collections.Counter]:
     reasons: dict[str, collections.Counter] = {}
     for d in self.decisions:
-      if d.precision == "f32":
+      if d.precision == F32:
         reasons.setdefault(d.reason, collections.Counter())[d.op] += 1
     return reasons
 
@@ -251,9 +255,9 @@ class Report:
     compute = self.policy.split("c=")[1].split(",")[0]
     lowered = self.lowered
     kept = [d for d in self.decisions
-            if d.precision == "f32" and d.op not in _FOLLOWERS]
+            if d.precision == F32 and d.op not in _FOLLOWERS]
     followers = sum(1 for d in self.decisions
-                    if d.precision == "f32" and d.op in _FOLLOWERS)
+                    if d.precision == F32 and d.op in _FOLLOWERS)
     lines = [
         f"amp-insert-converts: policy {self.policy}, level {self.level}, "
         f"target {self.target}",
@@ -285,16 +289,16 @@ class Report:
     if stored:
       lines.append(f"  f32 results stored in {compute}: "
                    f"{_ops(sum(stored.values()))} ({names(stored)})")
-    fp8 = [d for d in self.decisions if d.gemm and
-           not d.gemm.startswith("not eligible")]
+    fp8 = self.fp8_gemms
     if fp8:
       formats = collections.Counter(d.gemm for d in fp8)
       lines.append(f"  FP8 GEMMs: {_ops(len(fp8))} (" + ", ".join(
           f"{text}: {n}" for text, n in formats.most_common()) + ")")
     ineligible = collections.Counter(
-        d.gemm for d in self.decisions if d.gemm.startswith("not eligible"))
-    for text, n in ineligible.most_common():
-      lines.append(f"  kept in {compute}, {text}: {_ops(n)}")
+        d.gemm_reason_id for d in self.decisions if d.gemm_reason_id)
+    for reason_id, n in ineligible.most_common():
+      lines.append(f"  kept in {compute}, not FP8: "
+                   f"{contract.fp8_reason_text(reason_id)}: {_ops(n)}")
     unchanged = self.unchanged
     if unchanged:
       lines.append(f"  left as they are (no f32 values, or already low "
