@@ -233,6 +233,7 @@ llvm::json::Object policyJson() {
     keys.push_back(llvm::json::Object{{"role", key.role},
                                       {"spellings", strings(key.spellings)}});
   return llvm::json::Object{{"default", kDefaultPolicy},
+          {"training_default", kTrainingDefaultPolicy},
           {"grammar", policyGrammarHelp()},
           {"keys", std::move(keys)},
           {"dtypes", std::move(dtypes)},

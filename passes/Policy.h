@@ -71,6 +71,10 @@ llvm::ArrayRef<PolicyKey> policyKeys();
 
 /// The policy a pass or front end uses when none is given.
 inline constexpr llvm::StringLiteral kDefaultPolicy = "p=f32,c=bf16,o=f32";
+/// The training entry points' default (train_step, value_and_grad): f16
+/// compute with dynamic loss scaling, the setting loss scaling exists for.
+inline constexpr llvm::StringLiteral kTrainingDefaultPolicy =
+    "p=f32,c=f16,o=f32";
 
 /// Parses a policy. Missing keys cascade: compute follows params, output
 /// follows compute; `gemm` defaults to the compute dtype. Errors name the bad

@@ -58,6 +58,22 @@ def test_every_fp8_ineligibility_has_an_id_and_a_text():
   assert all(contract.fp8_reason_text(r) for r in reasons)
 
 
+def test_every_entry_points_default_policy_is_the_contracts():
+  import inspect
+  general, training = (contract.default_policy(),
+                       contract.default_policy(training=True))
+  assert (general, training) == ("p=f32,c=bf16,o=f32", "p=f32,c=f16,o=f32")
+  for entry, expected in ((amp.transform, general), (amp.rewrite, general),
+                          (amp.train_step, training),
+                          (amp.value_and_grad, training)):
+    default = inspect.signature(entry).parameters["policy"].default
+    assert default == expected, (entry.__name__, default)
+  assert contract.default(contract.INSERT_CONVERTS, "policy") == general
+  # And no entry point writes a policy default of its own.
+  for path, text in _python_text().items():
+    assert not re.search(r"policy: Policy \| str = ['\"]", text), path.name
+
+
 def test_an_unknown_reason_id_is_refused():
   assert contract.reasons("matrix_multiply") == ("matrix_multiply",)
   with pytest.raises(KeyError, match="matrix_multiplication"):

@@ -86,5 +86,12 @@ def fp8_reason_text(reason_id: str) -> str:
   return document()["decisions"]["fp8_reasons"][reason_id]
 
 
+def default_policy(training: bool = False) -> str:
+  """The policy an entry point uses when none is given: transform, rewrite
+  and amp-opt take bf16 compute; train_step and value_and_grad f16 with
+  dynamic loss scaling."""
+  return document()["policy"]["training_default" if training else "default"]
+
+
 def policy_grammar() -> str:
   return document()["policy"]["grammar"]

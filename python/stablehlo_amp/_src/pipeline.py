@@ -500,7 +500,8 @@ def rewrite_module(source: str | bytes | ir.Module, policy: Policy | str,
         report_info=info, form=form)
 
 
-def rewrite(mlir_text: str | bytes, policy: Policy | str = "p=f32,c=bf16,o=f32",
+def rewrite(mlir_text: str | bytes,
+            policy: Policy | str = contract.default_policy(),
             **options) -> str:
   """Rewrites StableHLO text to `policy` and returns verified pretty text.
 

@@ -354,7 +354,9 @@ class ValueAndGrad(_LossScaledProgram):
             loss_scale.with_state(extra))
 
 
-def value_and_grad(fun: Callable, policy: Policy | str = "p=f32,c=f16,o=f32",
+def value_and_grad(fun: Callable,
+                   policy: Policy | str = contract.default_policy(
+                       training=True),
                    *, argnums: int | Sequence[int] = 0, has_aux: bool = False,
                    **options) -> ValueAndGrad:
   """Like `jax.value_and_grad(fun, argnums, has_aux)`, rewritten to `policy`
@@ -651,7 +653,8 @@ class TrainStep(_LossScaledProgram):
 
 
 def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
-               policy: Policy | str = "p=f32,c=f16,o=f32", *,
+               policy: Policy | str = contract.default_policy(
+                   training=True), *,
                loss_scale: LossScale | None = None, donate: bool = False,
                has_aux: bool = False, **options) -> TrainStep:
   """One compiled mixed-precision training step with loss scaling inside.

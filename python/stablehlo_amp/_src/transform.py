@@ -33,6 +33,7 @@ import numpy as np
 from jax.interpreters import ad, batching
 from jax.interpreters import mlir as jax_mlir
 
+from stablehlo_amp._src import contract
 from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
@@ -748,7 +749,8 @@ class Transformed:
     return jax.tree_util.tree_unflatten(out_trees[0], outputs)
 
 
-def transform(fun: Callable, policy: Policy | str = "p=f32,c=bf16,o=f32", *,
+def transform(fun: Callable,
+              policy: Policy | str = contract.default_policy(), *,
               static_argnums: int | Sequence[int] | None = None,
               static_argnames: str | Iterable[str] | None = None,
               donate_argnums: int | Sequence[int] | None = None,
