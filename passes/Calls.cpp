@@ -1,11 +1,13 @@
 //===- Calls.cpp - Calls analysed in their callers' context ---------------===//
 
 #include "Calls.h"
+#include "StableHLO.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/IRMapping.h"
 #include "mlir/IR/SymbolTable.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/STLExtras.h"
 
@@ -28,8 +30,8 @@ bool hasArgOrResultAttrs(func::FuncOp func) {
 /// rewrites (an f64 or integer function is left exactly as it is).
 bool touchesF32(func::FuncOp func) {
   auto isF32 = [](Type type) {
-    auto shaped = dyn_cast<ShapedType>(type);
-    return (shaped ? shaped.getElementType() : type).isF32();
+    FloatType element = shlo::getFloatElementType(type);
+    return element && element.isF32();
   };
   return func.walk([&](Operation *op) {
                return llvm::any_of(op->getOperandTypes(), isF32) ||
@@ -80,15 +82,19 @@ llvm::DenseSet<StringAttr> referencedSymbols(ModuleOp module) {
 int64_t mlir::amp::inlinePrivateCalls(ModuleOp module) {
   SymbolTable symbols(module);
   llvm::DenseSet<func::FuncOp> recursive = recursiveFunctions(module, symbols);
+  // Per callee, computed once (inlining never changes a callee's body).
+  llvm::DenseMap<func::FuncOp, bool> inlinableCallee;
   auto inlinable = [&](func::CallOp call) -> func::FuncOp {
     auto callee = symbols.lookup<func::FuncOp>(call.getCallee());
-    if (!callee || callee.isExternal() || !callee.isPrivate() ||
-        !llvm::hasSingleElement(callee.getBody()) ||
-        hasArgOrResultAttrs(callee) || recursive.contains(callee) ||
-        !touchesF32(callee) ||
-        !call->getDiscardableAttrDictionary().empty())
+    if (!callee || !call->getDiscardableAttrDictionary().empty())
       return nullptr;
-    return callee;
+    auto [it, inserted] = inlinableCallee.try_emplace(callee, false);
+    if (inserted)
+      it->second = !callee.isExternal() && callee.isPrivate() &&
+                   llvm::hasSingleElement(callee.getBody()) &&
+                   !hasArgOrResultAttrs(callee) &&
+                   !recursive.contains(callee) && touchesF32(callee);
+    return it->second ? callee : nullptr;
   };
 
   llvm::SmallVector<func::FuncOp> inlined;

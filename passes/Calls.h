@@ -24,8 +24,8 @@ namespace mlir::amp {
 /// (Shardy's manual-computation bodies, frontend attributes), callees with
 /// argument or result attributes (shardings, layouts), public callees,
 /// recursive functions and functions without f32 values (nothing to decide:
-/// an f64 program stays byte-identical) are kept as calls. Returns the number of calls
-/// inlined.
+/// an f64 program stays byte-identical) are kept as calls. Returns the number
+/// of calls inlined.
 int64_t inlinePrivateCalls(ModuleOp module);
 
 } // namespace mlir::amp

@@ -143,11 +143,17 @@ constexpr ReasonInfo kReasons[] = {
      "operands already in a low-precision dtype"},
 };
 
-const ReasonInfo &infoOf(Reason reason) {
-  for (const ReasonInfo &info : kReasons)
-    if (info.reason == reason)
+/// The entry of `table` (ReasonInfo, Fp8IneligibilityInfo) for `key`.
+template <typename Info, size_t N, typename Key>
+const Info &lookup(const Info (&table)[N], Key key, Key Info::*field) {
+  for (const Info &info : table)
+    if (info.*field == key)
       return info;
-  llvm_unreachable("every reason is listed");
+  llvm_unreachable("every entry is listed");
+}
+
+const ReasonInfo &infoOf(Reason reason) {
+  return lookup(kReasons, reason, &ReasonInfo::reason);
 }
 } // namespace
 
@@ -184,10 +190,7 @@ constexpr Fp8IneligibilityInfo kFp8Ineligibilities[] = {
 };
 
 const Fp8IneligibilityInfo &infoOf(Fp8Ineligibility why) {
-  for (const Fp8IneligibilityInfo &info : kFp8Ineligibilities)
-    if (info.why == why)
-      return info;
-  llvm_unreachable("every FP8 ineligibility is listed");
+  return lookup(kFp8Ineligibilities, why, &Fp8IneligibilityInfo::why);
 }
 } // namespace
 

@@ -40,7 +40,6 @@ struct OperandPlan {
   bool gradient = false;
 };
 
-/// Why a dot cannot take FP8 operands, or empty if it can.
 /// Why `dot` cannot be an FP8 GEMM, with a detail for people (its sizes);
 /// nothing when it can.
 struct Ineligible {
@@ -119,8 +118,10 @@ private:
 
   /// Adds the FP8 decision to `dot`'s report attribute; `marker` is the
   /// index of its survival marker (replaceWithFp8Dot).
+  /// `gemmReason` is the contract id of why it is not FP8, if it is not.
   void annotate(Operation *dot, llvm::StringRef text,
-                std::optional<int64_t> marker = std::nullopt);
+                std::optional<int64_t> marker = std::nullopt,
+                llvm::StringRef gemmReason = {});
   /// Adds why `dot` stays in the compute dtype: the text, and the reason's
   /// contract id as `gemm_reason`.
   void annotateIneligible(Operation *dot, const Ineligible &ineligible);
@@ -290,7 +291,8 @@ void Fp8GemmsPass::replaceWithFp8Dot(OpBuilder &builder, Operation *dot,
 }
 
 void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text,
-                            std::optional<int64_t> marker) {
+                            std::optional<int64_t> marker,
+                            llvm::StringRef gemmReason) {
   if (!report)
     return;
   auto decision = dot->getAttrOfType<DictionaryAttr>(attr::kDecision);
@@ -301,6 +303,8 @@ void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text,
   if (marker)
     fields.set("fp8", IntegerAttr::get(IntegerType::get(&getContext(), 64),
                                        *marker));
+  if (!gemmReason.empty())
+    fields.set("gemm_reason", StringAttr::get(&getContext(), gemmReason));
   dot->setAttr(attr::kDecision, fields.getDictionary(&getContext()));
 }
 
@@ -310,14 +314,7 @@ void Fp8GemmsPass::annotateIneligible(Operation *dot,
       ("not eligible: " + fp8IneligibilityText(ineligible.why)).str();
   if (!ineligible.detail.empty())
     text += " (" + ineligible.detail + ")";
-  annotate(dot, text);
-  auto decision = dot->getAttrOfType<DictionaryAttr>(attr::kDecision);
-  if (!decision)
-    return;
-  NamedAttrList fields(decision);
-  fields.set("gemm_reason", StringAttr::get(&getContext(),
-                                            fp8IneligibilityId(ineligible.why)));
-  dot->setAttr(attr::kDecision, fields.getDictionary(&getContext()));
+  annotate(dot, text, std::nullopt, fp8IneligibilityId(ineligible.why));
 }
 
 void Fp8GemmsPass::runOnOperation() {

@@ -59,16 +59,18 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
 
     *Rules follow calls.* JAX lowers library functions (`jnp.var`,
     `jnp.std`, `jax.nn.relu`, `jnp.linalg` helpers) and nested `jit`s to
-    private functions. Before deciding, the pass specialises every call of a private, single-block
-    function to its call site: the callee's body replaces the call, one copy
-    per call site, and callees left unused are erased. Every rule (storage,
+    private functions. Before deciding, the pass specialises every call of a
+    private, single-block function with f32 values to its call site: the
+    callee's body replaces the call, one copy per call site, and callees
+    left unused are erased. Every rule (storage,
     decisions and linear algebra, FP8 eligibility, calibration groups) then
     sees a called function exactly as if it were written inline, and a
     function called from two contexts is decided in each. XLA inlines every
     call before it optimises (CallInliner), so the compiled program is the
     same. Calls that carry attributes of their own (Shardy's manual
     computation bodies, frontend attributes), callees with argument or
-    result attributes, public and recursive callees stay calls, painted
+    result attributes, public and recursive callees and functions without
+    f32 values (an f64 program stays byte-identical) stay calls, painted
     inside with one decision for all their call sites. `level=O0` keeps
     every call.
 
