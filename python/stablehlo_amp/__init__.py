@@ -14,11 +14,11 @@ from stablehlo_amp._src.pipeline import (AmpError, InvalidIRError,
                                          rewrite, rewrite_module)
 from stablehlo_amp._src.policy import Policy
 from stablehlo_amp._src.report import OpDecision, Report
-from stablehlo_amp._src.program import Timings
+from stablehlo_amp._src.program import Lowered, Timings
 from stablehlo_amp._src.training import (PrecisionHandler, TrainState,
                                          TrainStep, ValueAndGrad, train_step,
                                          value_and_grad)
-from stablehlo_amp._src.transform import Lowered, Transformed, transform
+from stablehlo_amp._src.transform import Transformed, transform
 
 __all__ = [
     "AmpError",

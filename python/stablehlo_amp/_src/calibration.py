@@ -158,8 +158,8 @@ def check_measure(measure: str) -> str:
 def _runner(module: ir.Module):
   """A jitted callable running `module` (its public `main`) on arrays."""
   inputs, results = prog.main_signature(module)
-  in_avals = [prog._aval(t) for t in inputs]
-  out_avals = [prog._aval(t) for t in results]
+  in_avals = [prog.aval_of_type(t) for t in inputs]
+  out_avals = [prog.aval_of_type(t) for t in results]
 
   def placeholder(*args):
     del args

@@ -1,17 +1,26 @@
-"""One exported, rewritten and verified program per input signature.
+"""The one front end under `amp.transform`, `amp.train_step` and
+`amp.value_and_grad`: signatures, programs and the call.
 
-Shared by `amp.transform` and the training API: export with `jax.export`,
-mark arguments and results for the passes, rewrite in process, and rebuild
-the `Exported` with the new dtypes and any arguments and results the
-loss-scale pass appended, called with flat leaves.
+- Signatures: arguments flattened to leaves, static, donated and parameter
+  arguments selected by position or name, export specs (parameter leaves as
+  f32), shardings per leaf, and the key a program is cached by.
+- Programs: the function lowered with the parameter leaves and the
+  loss-scale seed and state marked for the passes, rewritten in process,
+  verified, and rebuilt with the new dtypes and whatever arguments and
+  results the passes appended.
+- The call: `Program.call` binds the one call primitive, `amp_module_call`,
+  whose lowering inlines the rewritten module; `OuterJit` is the jit around
+  it, and `Lowered` what `.lower(...)` returns.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import time
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +33,7 @@ from stablehlo_amp._src import contract
 from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src.policy import Policy
+from stablehlo_amp._src.report import Report
 
 
 def mark_gradients(tree: Any) -> Any:
@@ -167,7 +177,7 @@ def _mlir_dtype(element: ir.Type) -> np.dtype | None:
     return None
 
 
-def _aval(mlir_type, like=None) -> Any:
+def aval_of_type(mlir_type, like=None) -> Any:
   shaped = ir.ShapedType(mlir_type)
   dtype = _mlir_dtype(shaped.element_type)
   if dtype is None:
@@ -214,12 +224,13 @@ def _flat_exported(exported: jax_export.Exported, module: ir.Module,
   kept = list(exported.module_kept_var_idx)
   in_avals = list(exported.in_avals)
   for position, flat in enumerate(kept):
-    in_avals[flat] = _aval(inputs[position], in_avals[flat])
+    in_avals[flat] = aval_of_type(inputs[position], in_avals[flat])
   first_extra = len(in_avals)
-  in_avals += [_aval(t) for t in inputs[len(kept):len(kept) + extra_in]]
+  in_avals += [aval_of_type(t) for t in inputs[len(kept):len(kept) + extra_in]]
   kept += list(range(first_extra, first_extra + extra_in))
-  out_avals = [_aval(t, aval) for aval, t in zip(exported.out_avals, results)]
-  out_avals += [_aval(t) for t in results[len(exported.out_avals):]]
+  out_avals = [aval_of_type(t, aval)
+               for aval, t in zip(exported.out_avals, results)]
+  out_avals += [aval_of_type(t) for t in results[len(exported.out_avals):]]
   if len(out_avals) != len(exported.out_avals) + extra_out:
     raise pl.RewriteError("the rewritten module has an unexpected number of "
                           "results")
@@ -370,8 +381,8 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
                                           out_tree.num_leaves)
     extra_in, extra_out = len(in_roles), len(out_roles)
     inputs, results = main_signature(result.module)
-    in_avals = tuple(_aval(t) for t in inputs)
-    all_out_avals = tuple(_aval(t) for t in results)
+    in_avals = tuple(aval_of_type(t) for t in inputs)
+    all_out_avals = tuple(aval_of_type(t) for t in results)
     if exported is not None:
       exported = _flat_exported(exported, result.module, extra_in, extra_out)
       in_avals, all_out_avals = exported.in_avals, exported.out_avals
@@ -401,3 +412,316 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
                  indexed_callbacks=marked.indexed_callbacks,
                  out_key_avals=key_avals,
                  module_out_avals=module_out_avals)
+
+# -- signatures: what every entry point does with its arguments -------------
+#
+# `amp.transform`, `amp.train_step` and `amp.value_and_grad` all flatten their
+# arguments to leaves, give the parameter leaves f32 specs (the pass gives
+# them the `p=` dtype), key a program by the leaves' avals, build it with
+# `build` and call it with `Program.call`; they differ only in which leaves
+# are parameters and what the program computes.
+
+def as_tuple(value: int | str | Iterable | None, what: str = "") -> tuple:
+  if value is None:
+    return ()
+  if isinstance(value, (int, str)):
+    return (value,)
+  try:
+    return tuple(value)
+  except TypeError:
+    raise TypeError(f"{what or 'the value'} must be an argument position "
+                    "(int), name (str) or a sequence of them, got "
+                    f"{value!r} ({type(value).__name__})") from None
+
+
+def is_float(x: Any) -> bool:
+  return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def is_f32(x: Any) -> bool:
+  return hasattr(x, "dtype") and jax_compat.dtype_of(x) == jnp.float32
+
+
+def function_name(fun: Callable) -> str:
+  return getattr(fun, "__qualname__", None) or getattr(fun, "__name__", "fun")
+
+
+def aval_key(avals: Sequence[Any]) -> Hashable:
+  # str, not np.dtype: a typed PRNG key's dtype is no NumPy dtype.
+  return tuple((tuple(a.shape), str(a.dtype),
+                bool(getattr(a, "weak_type", False))) for a in avals)
+
+
+
+
+def export_specs(avals: Sequence[Any], param_flags: Sequence[bool],
+                 shardings: Sequence[Any] | None = None) -> list:
+  """The `jax.ShapeDtypeStruct` each leaf is lowered with: parameter leaves
+  as f32 (the pass gives them the `p=` dtype), the others as they are, with
+  their weak type and the sharding asked for."""
+  shardings = shardings or [None] * len(avals)
+  return [jax.ShapeDtypeStruct(
+      tuple(jnp.shape(a)), jnp.float32 if flag else jax_compat.dtype_of(a),
+      weak_type=bool(getattr(a, "weak_type", False)), sharding=sharding)
+          for a, flag, sharding in zip(avals, param_flags, shardings)]
+
+
+def signature_key(tree: Any) -> Hashable:
+  """The program cache key of a pytree of arguments: its structure and the
+  avals of its leaves."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, aval_key([jax_compat.aval_of(x) for x in leaves])
+
+
+def leaf_shardings(prefix: Any, tree: Any) -> list:
+  """A sharding per leaf of `tree`, from a pytree prefix of it (as
+  `jax.jit`'s in_shardings/out_shardings take them)."""
+  if prefix is None:
+    return [None] * len(jax.tree_util.tree_leaves(tree))
+  per_subtree = jax.tree_util.tree_map(
+      lambda sharding, subtree: [sharding] * len(
+          jax.tree_util.tree_leaves(subtree)),
+      prefix, tree, is_leaf=lambda x: x is None)
+  return [s for group in jax.tree_util.tree_leaves(
+      per_subtree, is_leaf=lambda x: isinstance(x, list)) for s in group]
+
+
+class Arguments:
+  """Which arguments of `fun` a set of numbers and names selects, whether they
+  are passed by position or by keyword (as `jax.jit` resolves them).
+  Negative numbers count from the end of the positional parameters."""
+
+  def __init__(self, fun: Callable, nums: Iterable[int], names: Iterable[str]):
+    parameters = _parameters(fun)
+    positional = [p.name for p in parameters
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    keyword_ok = {p.name for p in parameters
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    nums = {n + len(positional) if n < 0 and positional else n for n in nums}
+    names = set(names)
+    nums |= {positional.index(n) for n in names if n in positional}
+    names |= {positional[i] for i in nums
+              if 0 <= i < len(positional) and positional[i] in keyword_ok}
+    self.nums, self.names = tuple(sorted(nums)), tuple(sorted(names))
+
+  def __contains__(self, key: int | str) -> bool:
+    return key in (self.nums if isinstance(key, int) else self.names)
+
+
+def _parameters(fun: Callable) -> list[inspect.Parameter]:
+  try:
+    return list(inspect.signature(fun).parameters.values())
+  except (TypeError, ValueError):
+    return []
+
+
+def check_params(fun: Callable, params: tuple) -> None:
+  """Names in `params=` must name arguments; ValueError lists the nearest."""
+  for entry in params:
+    if isinstance(entry, bool) or not isinstance(entry, (int, str)):
+      raise TypeError(f"params must name arguments by position (int) or name "
+                      f"(str), got {entry!r} ({type(entry).__name__})")
+  parameters = _parameters(fun)
+  if not parameters or any(p.kind == p.VAR_KEYWORD for p in parameters):
+    return
+  accepted = [p.name for p in parameters if p.kind != p.VAR_POSITIONAL]
+  for name in params:
+    if isinstance(name, str) and name not in accepted:
+      nearest = difflib.get_close_matches(name, accepted, n=3, cutoff=0) or \
+          accepted
+      raise ValueError(f"params names {name!r}, which is not an argument of "
+                       f"{function_name(fun)} (nearest: {', '.join(nearest)})")
+  positional = [p for p in parameters if p.kind in (
+      p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+    return
+  for index in params:
+    if isinstance(index, int) and not -len(positional) <= index < len(
+        positional):
+      raise ValueError(f"params names argument {index}, but "
+                       f"{function_name(fun)} takes {len(positional)} "
+                       "positional arguments")
+
+
+class CallSignature:
+  """A call of `fun` as `jax.jit` sees it: the static arguments (by position
+  or name) split off into a hashable key, the dynamic ones flattened to
+  leaves; which leaves are parameters (`params`: the selected arguments,
+  or every argument when None); and the flat function of those leaves a
+  program is built from."""
+
+  def __init__(self, fun: Callable, static: Arguments,
+               params: Arguments | None = None):
+    self.fun = fun
+    self.static = static
+    self.params = params
+
+  def split(self, args: Sequence, kwargs: dict) -> tuple[list, dict, tuple]:
+    """(dynamic args, dynamic kwargs, static values as a hashable)."""
+    static = self.static
+    dynamic_args = [a for i, a in enumerate(args) if i not in static]
+    dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in static}
+    statics = (tuple((i, a) for i, a in enumerate(args) if i in static),
+               tuple(sorted((k, v) for k, v in kwargs.items()
+                            if k in static)))
+    return dynamic_args, dynamic_kwargs, statics
+
+  def flatten(self, args: Sequence, kwargs: dict) -> tuple[list, Hashable]:
+    """The dynamic leaves and the key of the call's structure (the pytree
+    structure of the dynamic arguments and the static values)."""
+    dynamic_args, dynamic_kwargs, statics = self.split(args, kwargs)
+    leaves, treedef = jax.tree_util.tree_flatten((dynamic_args,
+                                                  dynamic_kwargs))
+    return leaves, (treedef, statics)
+
+  def param_mask(self, args: Sequence, kwargs: dict) -> list[bool]:
+    """Per dynamic leaf: is it in an argument `params` selects?"""
+    chosen = self.params
+
+    def mask(tree, selected: bool):
+      return jax.tree_util.tree_map(lambda _: selected, tree)
+    args_mask = [mask(a, chosen is None or i in chosen)
+                 for i, a in enumerate(args) if i not in self.static]
+    kwargs_mask = {k: mask(v, chosen is None or k in chosen)
+                   for k, v in kwargs.items() if k not in self.static}
+    return jax.tree_util.tree_leaves((args_mask, kwargs_mask))
+
+  def in_shardings(self, prefix: Any, args: Sequence,
+                   kwargs: dict) -> list | None:
+    """A sharding per dynamic leaf from `jax.jit`'s in_shardings (a prefix
+    of the positional arguments; keyword arguments get none)."""
+    if prefix is None:
+      return None
+    dynamic_args, dynamic_kwargs, _ = self.split(args, kwargs)
+    prefix = tuple(prefix) if isinstance(prefix, list) else prefix
+    return (leaf_shardings(prefix, tuple(dynamic_args)) +
+            [None] * len(jax.tree_util.tree_leaves(dynamic_kwargs)))
+
+  def flat_function(self, key: Hashable) -> tuple[Callable, list]:
+    """The function of the dynamic leaves of calls with this `key`, and a
+    list that holds the pytree structure of its outputs once traced."""
+    treedef, (static_args, static_kwargs) = key
+    static_args, static_kwargs = dict(static_args), dict(static_kwargs)
+    out_trees: list = []
+    fun = self.fun
+
+    def flat_fun(*flat_leaves):
+      dynamic_args, dynamic_kwargs = jax.tree_util.tree_unflatten(
+          treedef, flat_leaves)
+      dynamic = iter(dynamic_args)
+      count = len(dynamic_args) + len(static_args)
+      call_args = [static_args[i] if i in static_args else next(dynamic)
+                   for i in range(count)]
+      outputs = fun(*call_args, **dynamic_kwargs, **static_kwargs)
+      out_leaves, out_tree = jax.tree_util.tree_flatten(outputs)
+      out_trees[:] = [out_tree]
+      return out_leaves
+    return flat_fun, out_trees
+
+
+# -- running: the jit around a program, and what `lower` returns -------------
+
+
+def outer_compiler_options(options: pl.RewriteOptions) -> dict:
+  """Compiler options for the jit that runs rewritten programs: on XLA:CPU
+  with low-precision storage, the fusion choice that keeps stored values in
+  their low-precision dtype (jax_compat.cpu_storage_compiler_options)."""
+  if (options.target != "cpu" or options.storage == "f32" or
+      jax.default_backend() != "cpu"):
+    return {}
+  compiler_options = jax_compat.cpu_storage_compiler_options()
+  return {"compiler_options": compiler_options} if compiler_options else {}
+
+
+class OuterJit:
+  """The jit that runs a rewritten program: called at the top level it
+  compiles with `outer_compiler_options` and donates what it was asked to;
+  called inside another trace (the user's jit, grad or vmap), where
+  compiler options are not allowed, as a plain nested jit that donates
+  nothing: under `jax.grad` the backward pass reads the arguments again
+  (a donated one would be deleted), and inside a jit donation has no
+  meaning."""
+
+  def __init__(self, fun: Callable, options: pl.RewriteOptions, *,
+               donate_argnums: tuple = (), donate_argnames: tuple = (),
+               **jit_options):
+    self._plain = jax.jit(fun, **jit_options)
+    compiler_options = outer_compiler_options(options)
+    donate = {}
+    if donate_argnums:
+      donate["donate_argnums"] = donate_argnums
+    if donate_argnames:
+      donate["donate_argnames"] = donate_argnames
+    self._top = (jax.jit(fun, **jit_options, **donate, **compiler_options)
+                 if compiler_options or donate else self._plain)
+
+  def __call__(self, *args, **kwargs):
+    if self._top is self._plain:  # nothing to choose
+      return self._plain(*args, **kwargs)
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    nested = any(isinstance(x, jax.core.Tracer) for x in leaves)
+    return (self._plain if nested else self._top)(*args, **kwargs)
+
+  def lower(self, *args, **kwargs):
+    return self._top.lower(*args, **kwargs)
+
+
+class Lowered:
+  """A rewritten function lowered for one signature, before compilation."""
+
+  def __init__(self, jax_lowered: Any, program: Program | None,
+               calibration: Any = None):
+    self._jax_lowered = jax_lowered
+    self._program = program
+    self.calibration = calibration  # what calibration kept, if it ran
+    self._compiled = None
+
+  def as_text(self, debug_info: bool = False) -> str:
+    """The rewritten module, pretty StableHLO (the original one if the
+    rewrite fell back)."""
+    if self._program is None:
+      return jax_compat.lowered_text(self._jax_lowered, debug_info)
+    return self._program.result.text("pretty", debug_info)
+
+  def report(self) -> Report | None:
+    """What was lowered, kept f32 and why, and what is stored low (with
+    XLA's memory figures once `compile()` ran); None if the rewrite fell
+    back. Built on first call."""
+    if self._program is None:
+      return None
+    report = self._program.result.report
+    if self._compiled is not None and report is not None:
+      memory = self._compiled.memory_analysis()
+      if memory is not None:
+        report = report.with_memory({
+            "arguments": memory.argument_size_in_bytes,
+            "outputs": memory.output_size_in_bytes,
+            "aliased": memory.alias_size_in_bytes,
+            "temporaries": memory.temp_size_in_bytes})
+      report = report.with_compiled(self._compiled.as_text())
+    return report
+
+  @property
+  def timings(self) -> Timings:
+    """Seconds spent exporting and rewriting (XLA compile: time `compile`)."""
+    return self._program.timings if self._program else Timings()
+
+  def compile(self, compiler_options: dict | None = None) -> Any:
+    """The XLA executable (`memory_analysis()`, `as_text()`, ...).
+
+    A stored value XLA did not keep as a low-precision buffer, or an FP8
+    dot whose FP8 rounding it dropped, is a warning (the report lists
+    them)."""
+    if self._compiled is None:
+      self._compiled = self._jax_lowered.compile(
+          **({"compiler_options": compiler_options}
+             if compiler_options else {}))
+      report = self.report()
+      lost = report.lost_in_xla() if report is not None else []
+      if lost:
+        warnings.warn(f"stablehlo-amp: XLA did not keep {len(lost)} "
+                      "decision(s): " + "; ".join(lost[:3]) +
+                      (" ..." if len(lost) > 3 else ""), stacklevel=2)
+    return self._compiled
+
+

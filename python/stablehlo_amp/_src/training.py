@@ -17,7 +17,6 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-from jax.interpreters import mlir as jax_mlir
 
 if TYPE_CHECKING:
   import optax
@@ -30,36 +29,33 @@ from stablehlo_amp._src.loss_scale import (DynamicLossScale, LossScale,
                                            check_loss_scale,
                                            default_loss_scale)
 from stablehlo_amp._src.policy import Policy, as_policy
-from stablehlo_amp._src.transform import (Lowered, _is_float, _name,
-                                          _OuterJit)
+from stablehlo_amp._src.program import (Lowered, OuterJit, is_float,
+                                        function_name)
 
 
 def _leaves(tree: Any) -> list:
   return jax.tree_util.tree_leaves(tree)
 
 
-def _spec(tree: Any, as_param: bool) -> Any:
-  """Abstract values for export: f32 parameters as f32 (the pass gives them
-  the `p=` dtype), everything else as it is."""
-  def spec(x):
-    dtype = jax_compat.dtype_of(x)
-    if as_param and _is_float(x) and jnp.dtype(dtype) in (
-        jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
-        jnp.dtype(jnp.float16)):
-      dtype = jnp.float32
-    return jax.ShapeDtypeStruct(jnp.shape(x), dtype)
-  return jax.tree_util.tree_map(spec, tree)
-
-
 def _param_flags(tree: Any) -> list[bool]:
   """Float parameter leaves in f32, bf16 or f16 take the `p=` dtype; f64
   parameters (x64) keep theirs."""
-  return [_is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
+  return [is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
           for x in _leaves(tree)]
 
 
-def _no_flags(tree: Any) -> list[bool]:
-  return [False] * len(_leaves(tree))
+def _lowering_inputs(params: Any, *others: Any) -> tuple[tuple, list, list]:
+  """What a step's program is lowered and called with: the export specs of
+  ``(params, *others)`` (float parameters as f32: the pass gives them the
+  `p=` dtype), the parameter flag of each leaf, and the leaves."""
+  trees = (params, *others)
+  leaves, treedef = jax.tree_util.tree_flatten(trees)
+  flags = _param_flags(params) + [False] * (len(leaves) - len(_leaves(params)))
+  avals = [jax.ShapeDtypeStruct(jnp.shape(x), jax_compat.dtype_of(x))
+           for x in leaves]
+  specs = jax.tree_util.tree_unflatten(treedef,
+                                       prog.export_specs(avals, flags))
+  return tuple(specs), flags, leaves
 
 
 def _check_scalar_loss(loss: Any, fun: Callable, has_aux: bool) -> None:
@@ -69,15 +65,15 @@ def _check_scalar_loss(loss: Any, fun: Callable, has_aux: bool) -> None:
            else type(loss).__name__)
     hint = ("" if has_aux else
             "; if it returns (loss, aux), pass has_aux=True")
-    raise TypeError(f"{_name(fun)} must return a scalar float loss, got "
-                    f"{got}{hint}")
+    raise TypeError(f"{function_name(fun)} must return a scalar float loss, "
+                    f"got {got}{hint}")
 
 
 def _split_floats(tree: Any) -> tuple[list, Callable]:
   """The float leaves of `tree`, and a function putting new float leaves
   back with the non-float leaves unchanged."""
   leaves, treedef = jax.tree_util.tree_flatten(tree)
-  floats = [i for i, leaf in enumerate(leaves) if _is_float(leaf)]
+  floats = [i for i, leaf in enumerate(leaves) if is_float(leaf)]
 
   def rebuild(new_floats: Sequence[Any]) -> Any:
     rebuilt = list(leaves)
@@ -103,7 +99,7 @@ def _grad_of_floats(loss_fn: Callable, params: Any, seed: jax.Array, *,
   leaves, treedef = jax.tree_util.tree_flatten(params)
   marked = iter(prog.mark_gradients(list(grads)))
   grads_tree = jax.tree_util.tree_unflatten(
-      treedef, [next(marked) if _is_float(x) else None for x in leaves])
+      treedef, [next(marked) if is_float(x) else None for x in leaves])
   return loss, aux, grads_tree
 
 
@@ -113,48 +109,12 @@ def _optimizer_view(params: Any) -> Any:
   eqx.is_inexact_array)` gives; so integer counters and PRNG keys get no
   optimizer state and no update."""
   def view(x):
-    if not _is_float(x):
+    if not is_float(x):
       return None
     if jnp.dtype(x.dtype) == jnp.dtype(jnp.float64):
       return x
     return x.astype(jnp.float32)
   return jax.tree_util.tree_map(view, params)
-
-
-class _Call:
-  """A program as a primitive parameter (hashed by identity)."""
-
-  def __init__(self, program: prog.Program, num_leaves: int):
-    self.program = program
-    self.num_leaves = num_leaves
-
-  def __call__(self, *args) -> list:
-    outputs, extra = self.program.call(args[:self.num_leaves],
-                                       args[self.num_leaves:])
-    return outputs + extra
-
-
-_program_call_p = jax_compat.primitive_class()("amp_program_call")
-_program_call_p.multiple_results = True
-_program_call_p.def_abstract_eval(lambda *avals, call: [
-    jax_compat.shaped_array(tuple(a.shape), a.dtype)
-    for a in call.program.all_out_avals])
-_program_call_p.def_impl(lambda *args, call: jax.jit(call)(*args))
-jax_mlir.register_lowering(
-    _program_call_p, lambda ctx, *args, call: jax_mlir.lower_fun(
-        call, multiple_results=True)(ctx, *args))
-
-
-def _call(program: prog.Program, leaves: Sequence[Any],
-          extra: Sequence[Any]) -> tuple[list, list]:
-  """`program.call(leaves, extra)`, inlined where the primitive is lowered
-  (as `amp.transform` does): traced directly, `Exported.call` commits the
-  outer jit's outputs to a device, so a step called on `init`'s arrays and
-  then on its own outputs would compile twice."""
-  outputs = _program_call_p.bind(*leaves, *extra,
-                                 call=_Call(program, len(leaves)))
-  count = len(outputs) - program.num_extra_outputs
-  return list(outputs[:count]), list(outputs[count:])
 
 
 def _check_same_types(what: str, given: Any, returned: Any) -> None:
@@ -232,13 +192,6 @@ class _LossScaledProgram:
     self._programs: dict = {}  # by input signature, for `lower`
     self.rewrite_count = 0
 
-  @staticmethod
-  def _key(*inputs) -> Any:
-    leaves, treedef = jax.tree_util.tree_flatten(inputs)
-    avals = tuple((tuple(jnp.shape(x)), str(jax_compat.dtype_of(x)))
-                  for x in leaves)
-    return treedef, avals
-
   def _build(self, key: Any, inner: Callable, export_args: tuple,
              param_flags: list, seed_leaf: int, loss_scale: LossScale,
              state_leaves=()) -> prog.Program:
@@ -247,7 +200,8 @@ class _LossScaledProgram:
     self.rewrite_count += 1
     program = prog.build(inner, export_args, {}, param_flags=param_flags,
                          policy=self.policy, options=self._options,
-                         source_name=_name(self.fun), seed_leaf=seed_leaf,
+                         source_name=function_name(self.fun),
+                         seed_leaf=seed_leaf,
                          state_leaves=state_leaves, loss_scale=loss_scale)
     self._programs[key] = program
     return program
@@ -284,7 +238,7 @@ class ValueAndGrad(_LossScaledProgram):
                              user_fun=fun)
 
     self._inner = jax.jit(module_fn)
-    self._outer = _OuterJit(self._traced, self._options)
+    self._outer = OuterJit(self._traced, self._options)
 
   def _positions(self, count: int) -> tuple[int, ...]:
     """`argnums` as positions among `count` positional arguments."""
@@ -293,7 +247,7 @@ class ValueAndGrad(_LossScaledProgram):
         raise ValueError(
             f"argnums={self.argnums!r} needs at least "
             f"{(n if n >= 0 else -n - 1) + 1} positional arguments, "
-            f"{_name(self.fun)} was called with {count}")
+            f"{function_name(self.fun)} was called with {count}")
     return tuple(n % count for n in self._nums)
 
   def _split(self, args: tuple) -> tuple[dict, dict]:
@@ -315,7 +269,7 @@ class ValueAndGrad(_LossScaledProgram):
     jax_lowered = self._outer.lower(args, kwargs, loss_scale)
     diff, rest = self._split(args)
     return Lowered(jax_lowered, self._programs.get(
-        self._key(diff, rest, kwargs, loss_scale)))
+        prog.signature_key((diff, rest, kwargs, loss_scale))))
 
   def _traced(self, args, kwargs, loss_scale):
     diff, rest = self._split(args)
@@ -325,21 +279,18 @@ class ValueAndGrad(_LossScaledProgram):
                  for x in leaves):
         dtypes = sorted({str(jax_compat.dtype_of(x)) for x in leaves})
         raise TypeError(
-            f"argnums selects argument {position} of {_name(self.fun)}, "
+            f"argnums selects argument {position} of "
+            f"{function_name(self.fun)}, "
             f"which has no float values ({', '.join(dtypes) or 'no arrays'})"
             ": gradients are taken with respect to float arguments only, as "
             "in jax.grad; choose argnums among the float arguments")
     seed = jnp.ones((), jnp.float32)
-    export_args = (_spec(diff, True), _spec(rest, False), _spec(kwargs, False),
-                   _spec(seed, False))
-    flags = (_param_flags(diff) + _no_flags(rest) + _no_flags(kwargs) +
-             [False])
-    leaves = _leaves((diff, rest, kwargs)) + [seed]
-    program = self._build(self._key(diff, rest, kwargs, loss_scale),
+    export_args, flags, leaves = _lowering_inputs(diff, rest, kwargs, seed)
+    program = self._build(prog.signature_key((diff, rest, kwargs, loss_scale)),
                           self._inner, export_args, flags, len(leaves) - 1,
                           loss_scale)
-    outputs, extra = _call(program, leaves,
-                           _extra_inputs(program, (), loss_scale))
+    outputs, extra = program.call(leaves,
+                                  _extra_inputs(program, (), loss_scale))
     loss, aux, grads = jax.tree_util.tree_unflatten(program.out_tree, outputs)
     # Leaves that are not floats (integer counters) get zeros of their own
     # dtype (jax.grad(allow_int=True) gives float0, which optimizers reject).
@@ -438,7 +389,7 @@ class TrainStep(_LossScaledProgram):
                                 default_loss_scale(self.policy.compute_dtype))
     self._inner_with_state = jax.jit(self._module_fn(with_state=True))
     self._inner_without_state = jax.jit(self._module_fn(with_state=False))
-    self._outer = _OuterJit(self._traced, self._options,
+    self._outer = OuterJit(self._traced, self._options,
                             donate_argnums=(0,) if donate else ())
 
   def _module_fn(self, with_state: bool) -> Callable:
@@ -451,8 +402,8 @@ class TrainStep(_LossScaledProgram):
           if not (isinstance(returned, tuple) and len(returned) == 2):
             shape = getattr(returned, "shape", None)
             raise TypeError(
-                f"with a model state, {_name(loss_fn)}(params, model_state, "
-                "batch) must return (loss, new_model_state)"
+                f"with a model state, {function_name(loss_fn)}(params, "
+                "model_state, batch) must return (loss, new_model_state)"
                 + (" (with has_aux=True: (loss, (new_model_state, aux)))"
                    if has_aux else "")
                 + "; it returned "
@@ -499,7 +450,7 @@ class TrainStep(_LossScaledProgram):
     opt_state = self.optimizer.init(_optimizer_view(params))
     params = jax.tree_util.tree_map(
         lambda x: x.astype(self.policy.param_dtype)
-        if _is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
+        if is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
         else x, params)
     model_state = jax.tree_util.tree_map(copy, model_state)
     # Each state owns its loss-scale arrays: a donated step consumes them.
@@ -550,7 +501,7 @@ class TrainStep(_LossScaledProgram):
   def _program_key(self, state: TrainState, batch: Any) -> Any:
     # The amax histories appear after the first step; the program is the
     # same with or without them.
-    return self._key(state._replace(amax_history=None), batch)
+    return prog.signature_key((state._replace(amax_history=None), batch))
 
   def _traced(self, state: TrainState, batch):
     seed = jnp.ones((), jnp.float32)
@@ -559,17 +510,14 @@ class TrainStep(_LossScaledProgram):
     with_state = model_state is not None
     inner = (self._inner_with_state if with_state else
              self._inner_without_state)
-    export_args = (_spec(params, True), _spec(opt_state, False),
-                   _spec(model_state, False), _spec(batch, False),
-                   _spec(seed, False))
-    flags = (_param_flags(params) + _no_flags(opt_state) +
-             _no_flags(model_state) + _no_flags(batch) + [False])
-    leaves = _leaves((params, opt_state, model_state, batch)) + [seed]
+    export_args, flags, leaves = _lowering_inputs(params, opt_state,
+                                                  model_state, batch, seed)
     # The new parameters, optimizer state and model state are the outputs
     # after the loss and aux; each is the new value of the input leaf in the
     # same place, kept only when the gradients are finite.
     out_shapes = jax.eval_shape(inner, *export_args)
-    _check_same_types(f"{_name(self.fun)} must return a new model state",
+    _check_same_types(f"{function_name(self.fun)} must return a new model "
+                      "state",
                       export_args[2], out_shapes[4])
     _check_same_types("the optimizer's update must return an optimizer state",
                       export_args[1], out_shapes[3])
@@ -580,7 +528,7 @@ class TrainStep(_LossScaledProgram):
                           flags, len(leaves) - 1, state.loss_scale,
                           state_leaves)
     histories = self._histories(program, state.amax_history)
-    outputs, extra = _call(program, leaves, _extra_inputs(
+    outputs, extra = program.call(leaves, _extra_inputs(
         program, histories, state.loss_scale))
     new_histories, extra = _split_extra(program, extra)
     loss, aux, new_params, new_opt_state, new_model_state = (

@@ -22,8 +22,6 @@ runs unchanged, with a warning, as the function itself does.
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import warnings
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
@@ -38,42 +36,16 @@ from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
 from stablehlo_amp._src.policy import Policy, as_policy
-from stablehlo_amp._src.program import Timings
-from stablehlo_amp._src.report import Report
 
 
-def _as_tuple(value: int | str | Iterable | None, what: str = "") -> tuple:
-  if value is None:
-    return ()
-  if isinstance(value, (int, str)):
-    return (value,)
-  try:
-    return tuple(value)
-  except TypeError:
-    raise TypeError(f"{what or 'the value'} must be an argument position "
-                    "(int), name (str) or a sequence of them, got "
-                    f"{value!r} ({type(value).__name__})") from None
+def warn_running_original(name: str, error: Exception, stacklevel: int) -> None:
+  """Never a wrong result: a program that cannot be rewritten runs as it is,
+  and the warning says why."""
+  warnings.warn(f"stablehlo-amp: cannot rewrite {name} ({error}); running "
+                "the original program", stacklevel=stacklevel)
 
 
-def _is_float(x: Any) -> bool:
-  return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
-
-
-def _is_f32(x: Any) -> bool:
-  return hasattr(x, "dtype") and jax_compat.dtype_of(x) == jnp.float32
-
-
-def _name(fun: Callable) -> str:
-  return getattr(fun, "__qualname__", None) or getattr(fun, "__name__", "fun")
-
-
-def _aval_key(avals: Sequence[Any]) -> Hashable:
-  # str, not np.dtype: a typed PRNG key's dtype is no NumPy dtype.
-  return tuple((tuple(a.shape), str(a.dtype),
-                bool(getattr(a, "weak_type", False))) for a in avals)
-
-
-# -- the primitive -----------------------------------------------------------------
+# -- the primitive -----------------------------------------------------------
 
 
 class _Spec:
@@ -113,7 +85,7 @@ class _Spec:
   def program(self, avals: Sequence[Any]) -> prog.Program | None:
     """The rewritten program for these avals; None for a derived program
     that cannot be rewritten (it runs as it is)."""
-    key = _aval_key(avals)
+    key = prog.aval_key(avals)
     if key in self._programs:
       return self._programs[key]
     try:
@@ -123,19 +95,14 @@ class _Spec:
     except pl.RewriteError as error:
       if not self.derived:
         raise
-      warnings.warn(f"stablehlo-amp: cannot rewrite {self.name} ({error}); "
-                    "running the original program", stacklevel=2)
+      warn_running_original(self.name, error, stacklevel=3)
       program = None
     self._programs[key] = program
     return program
 
   def _build(self, avals: Sequence[Any]) -> prog.Program:
     flags = self.param_rule(avals)
-    shardings = self.in_shardings or [None] * len(avals)
-    specs = [jax.ShapeDtypeStruct(
-        a.shape, jnp.float32 if flag else a.dtype,
-        weak_type=bool(getattr(a, "weak_type", False)), sharding=sharding)
-             for a, flag, sharding in zip(avals, flags, shardings)]
+    specs = prog.export_specs(avals, flags, self.in_shardings)
     jit_options = {}
     if self.out_shardings is not None:
       jax.eval_shape(self.fun, *specs)  # the output structure, for
@@ -143,7 +110,7 @@ class _Spec:
     # Explicit shardings travel through jax.export, whose Exported.call
     # applies them; everything else is lowered and inlined directly.
     use_export = self.in_shardings is not None or bool(jit_options)
-    options = self._options_by_key.get(_aval_key(avals), self.options)
+    options = self._options_by_key.get(prog.aval_key(avals), self.options)
     program = prog.build(jax.jit(self.fun, **jit_options), specs, {},
                          param_flags=flags,
                          policy=self.policy, options=options,
@@ -171,14 +138,11 @@ class _Spec:
     `tolerance` of f32 on `inputs` (the flat leaves), for these avals; the
     program built next uses the decision."""
     from stablehlo_amp._src import calibration
-    key = _aval_key(avals)
+    key = prog.aval_key(avals)
     if key in self.calibrations:
       return self.calibrations[key]
     flags = self.param_rule(avals)
-    specs = [jax.ShapeDtypeStruct(a.shape, jnp.float32 if flag else a.dtype,
-                                  weak_type=bool(getattr(a, "weak_type",
-                                                         False)))
-             for a, flag in zip(avals, flags)]
+    specs = prog.export_specs(avals, flags)
     marked = prog.lower_marked(jax.jit(self.fun), specs, {},
                                param_flags=flags)
     inputs = [np.asarray(inputs[i]) for i in marked.kept]
@@ -196,7 +160,7 @@ class _Spec:
     return decided
 
   def cached_program(self, avals: Sequence[Any]) -> prog.Program | None:
-    return self._programs.get(_aval_key(avals))
+    return self._programs.get(prog.aval_key(avals))
 
   def derive(self, key: Hashable, make: Callable[[], "_Spec"]) -> "_Spec":
     child = self._children.get(key)
@@ -266,7 +230,7 @@ def _jvp_spec(spec: _Spec, float_in: tuple[bool, ...]) -> _Spec:
                 np.zeros(np.shape(p), jax.dtypes.float0)
                 for p, is_float in zip(primals, float_in)]
     outputs, out_tangents = jax.jvp(spec.fun, tuple(primals), tuple(tangents))
-    return [t for o, t in zip(outputs, out_tangents) if _is_float(o)]
+    return [t for o, t in zip(outputs, out_tangents) if prog.is_float(o)]
 
   def param_rule(avals):
     return list(spec.param_rule(avals[:n])) + [False] * (len(avals) - n)
@@ -308,7 +272,7 @@ def _vjp_spec(primal: _Spec, float_in: tuple[bool, ...],
       args = list(primals)
       for i, value in zip(floats, values):
         args[i] = value
-      return [o for o in primal.fun(*args) if _is_float(o)]
+      return [o for o in primal.fun(*args) if prog.is_float(o)]
 
     outputs, vjp = jax.vjp(of_floats, *[primals[i] for i in floats])
     grads = vjp([c.astype(o.dtype) for c, o in zip(cotangents, outputs)])
@@ -364,7 +328,7 @@ def _transpose_rule(cotangents, *args, spec: _Spec):
   else:
     linear_avals = tuple(a.aval for a in args if ad.is_undefined_primal(a))
     transpose_spec = spec.derive(
-        ("transpose", linear, _aval_key(linear_avals)),
+        ("transpose", linear, prog.aval_key(linear_avals)),
         lambda: _transpose_spec(spec, linear, linear_avals))
   results = iter(amp_call_p.bind(*fixed, *cotangents, spec=transpose_spec))
   return [next(results).astype(a.aval.dtype) if is_linear else None
@@ -388,166 +352,7 @@ ad.primitive_transposes[amp_call_p] = _transpose_rule
 batching.primitive_batchers[amp_call_p] = _batch_rule
 
 
-# -- transform ---------------------------------------------------------------------
-
-
-def outer_compiler_options(options: pl.RewriteOptions) -> dict:
-  """Compiler options for the jit that runs rewritten programs: on XLA:CPU
-  with low-precision storage, the fusion choice that keeps stored values in
-  their low-precision dtype (jax_compat.cpu_storage_compiler_options)."""
-  if (options.target != "cpu" or options.storage == "f32" or
-      jax.default_backend() != "cpu"):
-    return {}
-  compiler_options = jax_compat.cpu_storage_compiler_options()
-  return {"compiler_options": compiler_options} if compiler_options else {}
-
-
-class _OuterJit:
-  """The jit that runs a rewritten program: called at the top level it
-  compiles with `outer_compiler_options` and donates what it was asked to;
-  called inside another trace (the user's jit, grad or vmap), where
-  compiler options are not allowed, as a plain nested jit that donates
-  nothing: under `jax.grad` the backward pass reads the arguments again
-  (a donated one would be deleted), and inside a jit donation has no
-  meaning."""
-
-  def __init__(self, fun: Callable, options: pl.RewriteOptions, *,
-               donate_argnums: tuple = (), donate_argnames: tuple = (),
-               **jit_options):
-    self._plain = jax.jit(fun, **jit_options)
-    compiler_options = outer_compiler_options(options)
-    donate = {}
-    if donate_argnums:
-      donate["donate_argnums"] = donate_argnums
-    if donate_argnames:
-      donate["donate_argnames"] = donate_argnames
-    self._top = (jax.jit(fun, **jit_options, **donate, **compiler_options)
-                 if compiler_options or donate else self._plain)
-
-  def __call__(self, *args, **kwargs):
-    if self._top is self._plain:  # nothing to choose
-      return self._plain(*args, **kwargs)
-    leaves = jax.tree_util.tree_leaves((args, kwargs))
-    nested = any(isinstance(x, jax.core.Tracer) for x in leaves)
-    return (self._plain if nested else self._top)(*args, **kwargs)
-
-  def lower(self, *args, **kwargs):
-    return self._top.lower(*args, **kwargs)
-
-
-class _Arguments:
-  """Which arguments of `fun` a set of numbers and names selects, whether they
-  are passed by position or by keyword (as `jax.jit` resolves them).
-  Negative numbers count from the end of the positional parameters."""
-
-  def __init__(self, fun: Callable, nums: Iterable[int], names: Iterable[str]):
-    parameters = _parameters(fun)
-    positional = [p.name for p in parameters
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    keyword_ok = {p.name for p in parameters
-                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    nums = {n + len(positional) if n < 0 and positional else n for n in nums}
-    names = set(names)
-    nums |= {positional.index(n) for n in names if n in positional}
-    names |= {positional[i] for i in nums
-              if 0 <= i < len(positional) and positional[i] in keyword_ok}
-    self.nums, self.names = tuple(sorted(nums)), tuple(sorted(names))
-
-  def __contains__(self, key: int | str) -> bool:
-    return key in (self.nums if isinstance(key, int) else self.names)
-
-
-def _parameters(fun: Callable) -> list[inspect.Parameter]:
-  try:
-    return list(inspect.signature(fun).parameters.values())
-  except (TypeError, ValueError):
-    return []
-
-
-def _check_params(fun: Callable, params: tuple) -> None:
-  """Names in `params=` must name arguments; ValueError lists the nearest."""
-  for entry in params:
-    if isinstance(entry, bool) or not isinstance(entry, (int, str)):
-      raise TypeError(f"params must name arguments by position (int) or name "
-                      f"(str), got {entry!r} ({type(entry).__name__})")
-  parameters = _parameters(fun)
-  if not parameters or any(p.kind == p.VAR_KEYWORD for p in parameters):
-    return
-  accepted = [p.name for p in parameters if p.kind != p.VAR_POSITIONAL]
-  for name in params:
-    if isinstance(name, str) and name not in accepted:
-      nearest = difflib.get_close_matches(name, accepted, n=3, cutoff=0) or \
-          accepted
-      raise ValueError(f"params names {name!r}, which is not an argument of "
-                       f"{_name(fun)} (nearest: {', '.join(nearest)})")
-  positional = [p for p in parameters if p.kind in (
-      p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-  if any(p.kind == p.VAR_POSITIONAL for p in parameters):
-    return
-  for index in params:
-    if isinstance(index, int) and not -len(positional) <= index < len(
-        positional):
-      raise ValueError(f"params names argument {index}, but {_name(fun)} "
-                       f"takes {len(positional)} positional arguments")
-
-
-class Lowered:
-  """A rewritten function lowered for one signature, before compilation."""
-
-  def __init__(self, jax_lowered: Any, program: prog.Program | None,
-               calibration: Any = None):
-    self._jax_lowered = jax_lowered
-    self._program = program
-    self.calibration = calibration  # what calibration kept, if it ran
-    self._compiled = None
-
-  def as_text(self, debug_info: bool = False) -> str:
-    """The rewritten module, pretty StableHLO (the original one if the
-    rewrite fell back)."""
-    if self._program is None:
-      return jax_compat.lowered_text(self._jax_lowered, debug_info)
-    return self._program.result.text("pretty", debug_info)
-
-  def report(self) -> Report | None:
-    """What was lowered, kept f32 and why, and what is stored low (with
-    XLA's memory figures once `compile()` ran); None if the rewrite fell
-    back. Built on first call."""
-    if self._program is None:
-      return None
-    report = self._program.result.report
-    if self._compiled is not None and report is not None:
-      memory = self._compiled.memory_analysis()
-      if memory is not None:
-        report = report.with_memory({
-            "arguments": memory.argument_size_in_bytes,
-            "outputs": memory.output_size_in_bytes,
-            "aliased": memory.alias_size_in_bytes,
-            "temporaries": memory.temp_size_in_bytes})
-      report = report.with_compiled(self._compiled.as_text())
-    return report
-
-  @property
-  def timings(self) -> Timings:
-    """Seconds spent exporting and rewriting (XLA compile: time `compile`)."""
-    return self._program.timings if self._program else Timings()
-
-  def compile(self, compiler_options: dict | None = None) -> Any:
-    """The XLA executable (`memory_analysis()`, `as_text()`, ...).
-
-    A stored value XLA did not keep as a low-precision buffer, or an FP8
-    dot whose FP8 rounding it dropped, is a warning (the report lists
-    them)."""
-    if self._compiled is None:
-      self._compiled = self._jax_lowered.compile(
-          **({"compiler_options": compiler_options}
-             if compiler_options else {}))
-      report = self.report()
-      lost = report.lost_in_xla() if report is not None else []
-      if lost:
-        warnings.warn(f"stablehlo-amp: XLA did not keep {len(lost)} "
-                      "decision(s): " + "; ".join(lost[:3]) +
-                      (" ..." if len(lost) > 3 else ""), stacklevel=2)
-    return self._compiled
+# -- transform ---------------------------------------------------------------
 
 
 class Transformed:
@@ -569,22 +374,23 @@ class Transformed:
     self._calibrate = calibrate
     self._tolerance = tolerance
     self._error_measure = error_measure
-    self._static = _Arguments(fun, static_argnums, static_argnames)
-    self._params = None if params is None else _Arguments(
-        fun, [p for p in params if isinstance(p, int)],
-        [p for p in params if isinstance(p, str)])
-    donate = _Arguments(fun, donate_argnums, donate_argnames)
-    jit_options: dict[str, Any] = dict(static_argnums=self._static.nums,
-                                       static_argnames=self._static.names)
+    static = prog.Arguments(fun, static_argnums, static_argnames)
+    self._signature = prog.CallSignature(
+        fun, static, None if params is None else prog.Arguments(
+            fun, [p for p in params if isinstance(p, int)],
+            [p for p in params if isinstance(p, str)]))
+    donate = prog.Arguments(fun, donate_argnums, donate_argnames)
+    jit_options: dict[str, Any] = dict(static_argnums=static.nums,
+                                       static_argnames=static.names)
     if in_shardings is not None:
       jit_options["in_shardings"] = in_shardings
     if out_shardings is not None:
       jit_options["out_shardings"] = out_shardings
     self._in_shardings, self._out_shardings = in_shardings, out_shardings
     self._inner = jax.jit(fun, **jit_options)
-    self._outer = _OuterJit(self._traced, options,
-                            donate_argnums=donate.nums,
-                            donate_argnames=donate.names, **jit_options)
+    self._outer = prog.OuterJit(self._traced, options,
+                                donate_argnums=donate.nums,
+                                donate_argnames=donate.names, **jit_options)
     self._specs: dict[Hashable, tuple[_Spec, list]] = {}
 
   @property
@@ -600,16 +406,17 @@ class Transformed:
       self._calibrated(args, kwargs)
     return self._outer(*args, **kwargs)
 
-  def lower(self, *args, **kwargs) -> Lowered:
+  def lower(self, *args, **kwargs) -> prog.Lowered:
     """Lowers and rewrites for these arguments without running."""
     if self._calibrate is not None:
       self._calibrated(args, kwargs)
     jax_lowered = self._outer.lower(*args, **kwargs)
     leaves, spec, _ = self._flat(args, kwargs)
     avals = [jax_compat.aval_of(x) for x in leaves]
-    return Lowered(jax_lowered,
+    return prog.Lowered(jax_lowered,
                    spec.cached_program(avals) if spec else None,
-                   spec.calibrations.get(_aval_key(avals)) if spec else None)
+                   spec.calibrations.get(prog.aval_key(avals))
+                   if spec else None)
 
   def _calibrated(self, args: Sequence, kwargs: dict) -> None:
     """Calibrates this signature once, on the first call's inputs or the
@@ -617,7 +424,7 @@ class Transformed:
     spec, _ = self._spec(args, kwargs)
     leaves, _, _ = self._flat(args, kwargs)
     avals = [jax_compat.aval_of(x) for x in leaves]
-    if _aval_key(avals) in spec.calibrations:
+    if prog.aval_key(avals) in spec.calibrations:
       return
     if self._calibrate is True:
       inputs = leaves
@@ -639,95 +446,39 @@ class Transformed:
 
   # -- tracing -------------------------------------------------------------
 
-  def _split(self, args: Sequence, kwargs: dict):
-    """(dynamic args, dynamic kwargs, static values as a hashable)."""
-    dynamic_args = [a for i, a in enumerate(args) if i not in self._static]
-    dynamic_kwargs = {k: v for k, v in kwargs.items() if k not in self._static}
-    statics = (tuple((i, a) for i, a in enumerate(args) if i in self._static),
-               tuple(sorted((k, v) for k, v in kwargs.items()
-                            if k in self._static)))
-    return dynamic_args, dynamic_kwargs, statics
-
   def _flat(self, args: Sequence, kwargs: dict):
     """The flat dynamic leaves, their spec (None if not made yet) and the
     key of the spec."""
-    dynamic_args, dynamic_kwargs, statics = self._split(args, kwargs)
-    leaves, treedef = jax.tree_util.tree_flatten((dynamic_args,
-                                                  dynamic_kwargs))
-    key = (treedef, statics)
+    leaves, key = self._signature.flatten(args, kwargs)
     entry = self._specs.get(key)
     return leaves, entry[0] if entry else None, key
-
-  def _param_mask(self, args: Sequence, kwargs: dict) -> list[bool]:
-    """Per dynamic leaf: is it in an argument `params=` selects (all of them
-    when `params` is not given)?"""
-    chosen = self._params
-    def mask(tree, selected: bool):
-      return jax.tree_util.tree_map(lambda _: selected, tree)
-    args_mask = [mask(a, chosen is None or i in chosen)
-                 for i, a in enumerate(args) if i not in self._static]
-    kwargs_mask = {k: mask(v, chosen is None or k in chosen)
-                   for k, v in kwargs.items() if k not in self._static}
-    return jax.tree_util.tree_leaves((args_mask, kwargs_mask))
 
   def _spec(self, args: Sequence, kwargs: dict) -> tuple[_Spec, list]:
     leaves, spec, key = self._flat(args, kwargs)
     if spec is not None:
       return spec, self._specs[key][1]
-    treedef, statics = key
-    static_args = dict(statics[0])
-    static_kwargs = dict(statics[1])
-    out_trees: list = []
-    fun = self.fun
-
-    def flat_fun(*flat_leaves):
-      dynamic_args, dynamic_kwargs = jax.tree_util.tree_unflatten(
-          treedef, flat_leaves)
-      dynamic = iter(dynamic_args)
-      count = len(dynamic_args) + len(static_args)
-      call_args = [static_args[i] if i in static_args else next(dynamic)
-                   for i in range(count)]
-      outputs = fun(*call_args, **dynamic_kwargs, **static_kwargs)
-      out_leaves, out_tree = jax.tree_util.tree_flatten(outputs)
-      out_trees[:] = [out_tree]
-      return out_leaves
-
-    mask = self._param_mask(args, kwargs)
-    explicit = self._params is not None
+    flat_fun, out_trees = self._signature.flat_function(key)
+    mask = self._signature.param_mask(args, kwargs)
+    explicit = self._signature.params is not None
 
     def param_rule(avals):
       # Only f32 values take the policy, unless named in params=.
-      return [selected and (_is_float(a) if explicit else _is_f32(a))
+      return [selected and (prog.is_float(a) if explicit else prog.is_f32(a))
               for selected, a in zip(mask, avals)]
 
-    def leaf_shardings(prefix: Any, tree: Any) -> list:
-      """A sharding per leaf of `tree`, from a pytree prefix of it."""
-      if prefix is None:
-        return [None] * len(jax.tree_util.tree_leaves(tree))
-      per_subtree = jax.tree_util.tree_map(
-          lambda sharding, subtree: [sharding] * len(
-              jax.tree_util.tree_leaves(subtree)),
-          prefix, tree, is_leaf=lambda x: x is None)
-      return [s for group in jax.tree_util.tree_leaves(
-          per_subtree, is_leaf=lambda x: isinstance(x, list)) for s in group]
-
-    in_shardings = out_shardings = None
-    if self._in_shardings is not None:
-      dynamic_args, dynamic_kwargs, _ = self._split(args, kwargs)
-      in_shardings = (leaf_shardings(tuple(self._in_shardings)
-                                     if isinstance(self._in_shardings, list)
-                                     else self._in_shardings,
-                                     tuple(dynamic_args)) +
-                      [None] * len(jax.tree_util.tree_leaves(dynamic_kwargs)))
+    out_shardings = None
     if self._out_shardings is not None:
       out_prefix = self._out_shardings
-      out_shardings = lambda: leaf_shardings(
+      out_shardings = lambda: prog.leaf_shardings(
           out_prefix, jax.tree_util.tree_unflatten(
               out_trees[0], [0] * out_trees[0].num_leaves))
 
-    spec = _Spec(flat_fun, name=_name(self.fun), policy=self.policy,
-                 options=self._options, param_rule=param_rule,
-                 in_shardings=in_shardings, out_shardings=out_shardings)
+    spec = _Spec(flat_fun, name=prog.function_name(self.fun),
+                 policy=self.policy, options=self._options,
+                 param_rule=param_rule,
+                 in_shardings=self._signature.in_shardings(
+                     self._in_shardings, args, kwargs),
+                 out_shardings=out_shardings)
     self._specs[key] = (spec, out_trees)
     return spec, out_trees
 
@@ -740,10 +491,7 @@ class Transformed:
     except pl.VerificationError:
       raise
     except pl.RewriteError as error:
-      # Never a wrong result: the original program runs, and we say why.
-      warnings.warn(f"stablehlo-amp: cannot rewrite {_name(self.fun)} "
-                    f"({error}); running the original program",
-                    stacklevel=3)
+      warn_running_original(spec.name, error, stacklevel=4)
       return self._inner(*args, **kwargs)
     outputs = amp_call_p.bind(*leaves, spec=spec)
     return jax.tree_util.tree_unflatten(out_trees[0], outputs)
@@ -822,9 +570,9 @@ def transform(fun: Callable,
   options = pl.RewriteOptions.make(
       level=level, target=target, dot_result=dot_result, storage=storage,
       keep_f32=keep_f32, force_compute=force_compute, strict=strict)
-  params_tuple = None if params is None else _as_tuple(params, "params")
+  params_tuple = None if params is None else prog.as_tuple(params, "params")
   if params_tuple is not None:
-    _check_params(fun, params_tuple)
+    prog.check_params(fun, params_tuple)
   if tolerance is not None and calibrate is None:
     raise TypeError("tolerance= is the calibration's budget: it needs "
                     "calibrate=True or calibrate=(args...)")
@@ -841,7 +589,7 @@ def transform(fun: Callable,
       raise ValueError(f"tolerance must be positive, got {tolerance}")
 
   def merged(name: str, given: Any) -> tuple:
-    return tuple(dict.fromkeys(_as_tuple(given) + inherited.get(name, ())))
+    return tuple(dict.fromkeys(prog.as_tuple(given) + inherited.get(name, ())))
 
   return Transformed(
       fun, policy, params=params_tuple, options=options,
