@@ -11,8 +11,8 @@
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 
-#include <algorithm>
 #include <cmath>
+#include <iterator>
 
 using namespace mlir;
 using namespace mlir::amp;
@@ -56,36 +56,113 @@ std::string floatText(double value) {
 }
 } // namespace
 
+namespace {
+constexpr LossScaleField kLossScaleFields[] = {
+    {"growth_interval", "growth-interval", &LossScaleConfig::growthInterval,
+     nullptr},
+    {"growth_factor", "growth-factor", nullptr, &LossScaleConfig::growthFactor},
+    {"backoff_factor", "backoff-factor", nullptr,
+     &LossScaleConfig::backoffFactor},
+    {"min_scale", "min-scale", nullptr, &LossScaleConfig::minScale},
+    {"max_scale", "max-scale", nullptr, &LossScaleConfig::maxScale},
+};
+
+const LossScaleField &fieldOf(int64_t LossScaleConfig::*member) {
+  for (const LossScaleField &field : kLossScaleFields)
+    if (field.integer == member)
+      return field;
+  llvm_unreachable("every field is listed");
+}
+
+const LossScaleField &fieldOf(double LossScaleConfig::*member) {
+  for (const LossScaleField &field : kLossScaleFields)
+    if (field.real == member)
+      return field;
+  llvm_unreachable("every field is listed");
+}
+
+std::string fieldNames() {
+  std::string names;
+  for (const LossScaleField &field : kLossScaleFields)
+    names += (names.empty() ? "" : ", ") + field.name.str();
+  return names;
+}
+} // namespace
+
+llvm::ArrayRef<LossScaleField> mlir::amp::lossScaleFields() {
+  return kLossScaleFields;
+}
+
 llvm::Error mlir::amp::validateLossScale(const LossScaleConfig &config,
                                          bool pythonNames) {
-  auto invalid = [&](llvm::StringRef option, const llvm::Twine &rule,
+  auto spelling = [&](const LossScaleField &field) {
+    return pythonNames ? field.name : field.option;
+  };
+  auto invalid = [&](const LossScaleField &field, const llvm::Twine &rule,
                      const std::string &value) {
-    std::string name = option.str();
-    if (pythonNames)
-      std::replace(name.begin(), name.end(), '-', '_');
+    llvm::StringRef name = spelling(field);
     return llvm::createStringError(
         (pythonNames ? "invalid " + name : "invalid option '" + name + "'") +
         ": " + rule + ", got " + value);
   };
+  using C = LossScaleConfig;
   if (config.growthInterval < 1)
-    return invalid("growth-interval", "must be at least 1",
+    return invalid(fieldOf(&C::growthInterval), "must be at least 1",
                    std::to_string(config.growthInterval));
   if (!(config.growthFactor >= 1.0) || std::isinf(config.growthFactor))
-    return invalid("growth-factor", "must be finite and at least 1",
+    return invalid(fieldOf(&C::growthFactor), "must be finite and at least 1",
                    floatText(config.growthFactor));
   if (!(config.backoffFactor > 0.0 && config.backoffFactor <= 1.0))
-    return invalid("backoff-factor", "must be in (0, 1]",
+    return invalid(fieldOf(&C::backoffFactor), "must be in (0, 1]",
                    floatText(config.backoffFactor));
   if (!(config.minScale > 0.0) || std::isinf(config.minScale))
-    return invalid("min-scale", "must be finite and positive",
+    return invalid(fieldOf(&C::minScale), "must be finite and positive",
                    floatText(config.minScale));
   if (!(config.maxScale >= config.minScale) || std::isinf(config.maxScale))
-    return invalid("max-scale",
-                   "must be finite and at least min" +
-                       llvm::Twine(pythonNames ? "_" : "-") + "scale (" +
+    return invalid(fieldOf(&C::maxScale),
+                   "must be finite and at least " +
+                       spelling(fieldOf(&C::minScale)) + " (" +
                        floatText(config.minScale) + ")",
                    floatText(config.maxScale));
   return llvm::Error::success();
+}
+
+llvm::Expected<LossScaleConfig> mlir::amp::lossScaleConfigFromFields(
+    LossScaleMode mode,
+    llvm::ArrayRef<std::pair<std::string, double>> fields) {
+  LossScaleConfig config;
+  config.mode = mode;
+  llvm::SmallVector<llvm::StringRef> given;
+  for (const auto &[name, value] : fields) {
+    const LossScaleField *field = llvm::find_if(
+        kLossScaleFields, [&](const LossScaleField &f) { return f.name == name; });
+    if (field == std::end(kLossScaleFields))
+      return llvm::createStringError("unknown loss-scale field '" + name +
+                                     "' (fields: " + fieldNames() + ")");
+    if (llvm::is_contained(given, field->name))
+      return llvm::createStringError("loss-scale field '" + name +
+                                     "' given twice");
+    given.push_back(field->name);
+    if (field->real) {
+      config.*field->real = value;
+      continue;
+    }
+    // Integers cross as doubles; a fraction would be truncated silently, and
+    // past 2**62 the cast to int64_t would not be exact.
+    if (!(std::trunc(value) == value) || std::abs(value) > 0x1p62)
+      return llvm::createStringError("invalid " + name +
+                                     ": must be an integer, got " +
+                                     floatText(value));
+    config.*field->integer = static_cast<int64_t>(value);
+  }
+  for (const LossScaleField &field : kLossScaleFields)
+    if (!llvm::is_contained(given, field.name))
+      return llvm::createStringError("missing loss-scale field '" +
+                                     field.name + "' (fields: " +
+                                     fieldNames() + ")");
+  if (llvm::Error error = validateLossScale(config, /*pythonNames=*/true))
+    return std::move(error);
+  return config;
 }
 
 LossScaleLayout mlir::amp::lossScaleLayout(LossScaleMode mode) {
@@ -205,6 +282,141 @@ llvm::StringRef mlir::amp::fp8IneligibilityText(Fp8Ineligibility why) {
 // The contract as JSON
 //===----------------------------------------------------------------------===//
 
+//===----------------------------------------------------------------------===//
+// Entry-point options
+//===----------------------------------------------------------------------===//
+
+namespace {
+constexpr llvm::StringRef kFp8ScalingNames[] = {"current", "delayed"};
+
+/// The canonical spelling of a closed choice on a target, or the parser's
+/// error naming the accepted values.
+using Canonicalizer = llvm::Expected<std::string> (*)(llvm::StringRef value,
+                                                      Target target);
+
+template <typename T, typename Name>
+llvm::Expected<std::string> canonical(llvm::Expected<T> parsed, Name name) {
+  if (!parsed)
+    return parsed.takeError();
+  return name(*parsed).str();
+}
+
+llvm::Expected<std::string> canonicalLevel(llvm::StringRef value,
+                                           Target target) {
+  return canonical(parseLevel(value, target), levelName);
+}
+llvm::Expected<std::string> canonicalTarget(llvm::StringRef value, Target) {
+  return canonical(parseTarget(value), targetName);
+}
+llvm::Expected<std::string> canonicalDotResult(llvm::StringRef value, Target) {
+  return canonical(parseDotResult(value), dotResultName);
+}
+llvm::Expected<std::string> canonicalStorage(llvm::StringRef value,
+                                             Target target) {
+  return canonical(parseStorage(value, target), storageName);
+}
+llvm::Expected<std::string> canonicalFp8Scaling(llvm::StringRef value,
+                                                Target) {
+  for (llvm::StringRef name : kFp8ScalingNames)
+    if (value.trim() == name)
+      return name.str();
+  return llvm::createStringError("unknown fp8_scaling '" + value +
+                                 "' (accepted: current, delayed)");
+}
+
+llvm::json::Value levelDefault(Target target) {
+  return levelName(defaultLevel(target));
+}
+llvm::json::Value storageDefault(Target target) {
+  return storageName(defaultStorage(target));
+}
+llvm::json::Value rematerializeDefault(Target target) {
+  return defaultRematerialize(target);
+}
+
+/// An option the entry points take, under its Python name (amp-opt: the
+/// same with dashes). Adding a pass option to the entry points is one row.
+struct EntryOption {
+  llvm::StringRef name;
+  llvm::StringRef pass;
+  /// The pass option it sets; empty: it switches the pass on or off.
+  llvm::StringRef option;
+  OptionKind kind;
+  /// It configures state only amp.train_step carries (the amax histories).
+  bool stateful = false;
+  /// stablehlo-amp sets it (calibration's groups); users do not.
+  bool internal = false;
+  bool isTarget = false;
+  Canonicalizer canonicalize = nullptr;                   // Choice
+  llvm::json::Value (*targetDefault)(Target) = nullptr;   // per-target default
+  int64_t minimum = 0;                                    // Int, Ints
+  llvm::StringRef switchHelp = "";                        // a pass switch
+};
+
+const EntryOption kEntryOptions[] = {
+    {"level", "amp-insert-converts", "level", OptionKind::Choice, false, false,
+     false, canonicalLevel, levelDefault},
+    {"target", "amp-insert-converts", "target", OptionKind::Choice, false,
+     false, /*isTarget=*/true, canonicalTarget},
+    {"dot_result", "amp-insert-converts", "dot-result", OptionKind::Choice,
+     false, false, false, canonicalDotResult},
+    {"storage", "amp-insert-converts", "storage", OptionKind::Choice, false,
+     false, false, canonicalStorage, storageDefault},
+    {"keep_f32", "amp-insert-converts", "keep-f32", OptionKind::OpNames},
+    {"force_compute", "amp-insert-converts", "force-compute",
+     OptionKind::OpNames},
+    {"keep_groups", "amp-insert-converts", "keep-groups", OptionKind::Ints,
+     false, /*internal=*/true},
+    {"strict", "amp-insert-converts", "strict", OptionKind::Bool},
+    {"rematerialize", "amp-rematerialize", "", OptionKind::Bool, false, false,
+     false, nullptr, rematerializeDefault, 0,
+     "On a training step, recompute cheap elementwise residuals in the "
+     "backward pass instead of keeping them"},
+    {"fp8_scaling", "amp-fp8-gemms", "scaling", OptionKind::Choice,
+     /*stateful=*/true, false, false, canonicalFp8Scaling},
+    {"amax_history", "amp-fp8-gemms", "amax-history", OptionKind::Int,
+     /*stateful=*/true, false, false, nullptr, nullptr, /*minimum=*/1},
+};
+
+llvm::StringRef kindName(OptionKind kind) {
+  switch (kind) {
+  case OptionKind::Choice:
+    return "choice";
+  case OptionKind::OpNames:
+    return "op_names";
+  case OptionKind::Bool:
+    return "bool";
+  case OptionKind::Int:
+    return "int";
+  case OptionKind::Ints:
+    return "ints";
+  }
+  llvm_unreachable("unknown option kind");
+}
+} // namespace
+
+llvm::Expected<std::string>
+mlir::amp::canonicalOptionValue(llvm::StringRef name, llvm::StringRef value,
+                                llvm::StringRef target) {
+  Target parsedTarget;
+  if (llvm::Error error = parseTarget(target).moveInto(parsedTarget))
+    return std::move(error);
+  std::string closed;
+  for (const EntryOption &entry : kEntryOptions) {
+    if (entry.name != name)
+      continue;
+    if (!entry.canonicalize)
+      return llvm::createStringError("option '" + name +
+                                     "' is not a closed choice");
+    return entry.canonicalize(value, parsedTarget);
+  }
+  for (const EntryOption &entry : kEntryOptions)
+    if (entry.canonicalize)
+      closed += (closed.empty() ? "" : ", ") + entry.name.str();
+  return llvm::createStringError("no closed-choice option '" + name +
+                                 "' (options: " + closed + ")");
+}
+
 namespace {
 llvm::json::Array strings(llvm::ArrayRef<llvm::StringRef> values) {
   llvm::json::Array array;
@@ -268,7 +480,7 @@ llvm::json::Object passesJson() {
   AmpFp8GemmsPassOptions fp8;
   llvm::json::Object fp8Gemms{
       {"gemm", option(fp8.gemm, fp8GemmNames())},
-      {"scaling", option(fp8.scaling, {"current", "delayed"})},
+      {"scaling", option(fp8.scaling, kFp8ScalingNames)},
       {"amax-history", option(fp8.amaxHistory)},
       {"report", option(fp8.report)},
   };
@@ -303,6 +515,43 @@ llvm::json::Object passesJson() {
   };
 }
 
+/// The entry-point options, in the order amp-opt lists them; each reads
+/// its default and choices from the pass option it sets (its help is that
+/// option's description in Passes.td, in the passes.md built from it).
+llvm::json::Array entryOptionsJson(const llvm::json::Object &passes) {
+  llvm::json::Array array;
+  for (const EntryOption &entry : kEntryOptions) {
+    llvm::json::Object object{{"name", entry.name},
+                              {"pass", entry.pass},
+                              {"option", entry.option},
+                              {"kind", kindName(entry.kind)},
+                              {"stateful", entry.stateful},
+                              {"internal", entry.internal},
+                              {"target", entry.isTarget}};
+    if (entry.kind == OptionKind::Int || entry.kind == OptionKind::Ints)
+      object["minimum"] = entry.minimum;
+    if (entry.option.empty()) {
+      object["default"] = true;
+      object["help"] = entry.switchHelp;
+    } else {
+      const llvm::json::Object *passOption =
+          passes.getObject(entry.pass)->getObject("options")->getObject(
+              entry.option);
+      for (llvm::StringRef key : {"default", "choices"})
+        if (const llvm::json::Value *value = passOption->get(key))
+          object[key] = *value;
+    }
+    if (entry.targetDefault) {
+      llvm::json::Object defaults;
+      for (llvm::StringRef name : targetNames())
+        defaults[name] = entry.targetDefault(llvm::cantFail(parseTarget(name)));
+      object["target_defaults"] = std::move(defaults);
+    }
+    array.push_back(std::move(object));
+  }
+  return array;
+}
+
 llvm::json::Object lossScaleJson() {
   LossScaleConfig defaults;
   llvm::json::Object layouts;
@@ -311,13 +560,30 @@ llvm::json::Object lossScaleJson() {
     layouts[name] = llvm::json::Object{{"arguments", strings(layout.arguments)},
                                        {"results", strings(layout.results)}};
   }
+  // An array: the order is LossScaleConfig's (for reprs and messages).
+  llvm::json::Array fields;
+  for (const LossScaleField &field : kLossScaleFields)
+    fields.push_back(llvm::json::Object{
+        {"name", field.name},
+        {"option", field.option},
+        {"type", field.integer ? "int" : "float"},
+        {"default", field.integer ? llvm::json::Value(defaults.*field.integer)
+                                  : llvm::json::Value(defaults.*field.real)}});
   return llvm::json::Object{{"initial_scale", kInitialLossScale},
-          {"growth_interval", defaults.growthInterval},
-          {"growth_factor", defaults.growthFactor},
-          {"backoff_factor", defaults.backoffFactor},
-          {"min_scale", defaults.minScale},
-          {"max_scale", defaults.maxScale},
-          {"layouts", std::move(layouts)}};
+                            {"fields", std::move(fields)},
+                            {"layouts", std::move(layouts)}};
+}
+
+/// The keys of the decision dictionary, by role (what Python calls them).
+llvm::json::Object decisionKeysJson() {
+  return llvm::json::Object{{"precision", decision_key::kPrecision},
+                            {"reason", decision_key::kReason},
+                            {"detail", decision_key::kDetail},
+                            {"group", decision_key::kGroup},
+                            {"stored", decision_key::kStored},
+                            {"gemm", decision_key::kGemm},
+                            {"fp8", decision_key::kFp8},
+                            {"gemm_reason", decision_key::kGemmReason}};
 }
 
 llvm::json::Object decisionsJson() {
@@ -331,11 +597,28 @@ llvm::json::Object decisionsJson() {
                                   precisionId(Precision::Full),
                                   precisionId(Precision::Unchanged)})},
           {"reasons", std::move(reasons)},
-          {"fp8_reasons", std::move(fp8Reasons)}};
+          {"fp8_reasons", std::move(fp8Reasons)},
+          {"keys", decisionKeysJson()}};
+}
+
+llvm::json::Object reportJson() {
+  llvm::json::Object opKeys{{"op", report_key::kOp}, {"loc", report_key::kLoc}};
+  for (auto &entry : decisionKeysJson())
+    opKeys[entry.first] = entry.second;
+  return llvm::json::Object{
+      {"keys", llvm::json::Object{
+                   {"ops", report_key::kOps},
+                   {"converts_inserted", report_key::kConvertsInserted},
+                   {"converts_total", report_key::kConvertsTotal},
+                   {"bytes_before", report_key::kBytesBefore},
+                   {"bytes_after", report_key::kBytesAfter}}},
+      {"op_keys", std::move(opKeys)}};
 }
 } // namespace
 
 std::string mlir::amp::contractJson() {
+  llvm::json::Object passes = passesJson();
+  llvm::json::Array entryOptions = entryOptionsJson(passes);
   llvm::json::Object attributes{
       {"keep_dtype", attr::kKeepDtype},
       {"loss_seed", attr::kLossSeed},
@@ -354,10 +637,12 @@ std::string mlir::amp::contractJson() {
   };
   llvm::json::Object contract{
       {"policy", policyJson()},
-      {"passes", passesJson()},
+      {"passes", std::move(passes)},
+      {"options", std::move(entryOptions)},
       {"attributes", std::move(attributes)},
       {"loss_scale", lossScaleJson()},
       {"decisions", decisionsJson()},
+      {"report", reportJson()},
       {"op_names", strings(shlo::knownOpNames())},
       {"linear_algebra_calls", strings(linearAlgebraCallPrefixes())},
   };

@@ -2,9 +2,10 @@
 //
 // Everything the C++ passes and the Python package must agree on lives here
 // and only here: amp's own attribute names (markers the front ends set, the
-// ones the passes add), the loss-scale configuration (defaults, validation,
-// and the arguments and results the pass appends, in order), and the
-// decision kinds and reasons of the report. The extension exports all of it,
+// ones the passes add), the report's keys, the loss-scale configuration
+// (its fields by name, defaults, validation, and the arguments and results
+// the pass appends, in order), and the decision kinds and reasons of the
+// report. The extension exports all of it,
 // together with the policy vocabulary of Policy.h and the pass options, as
 // one JSON document (`contractJson`) that Python reads instead of copying.
 //
@@ -19,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace mlir::amp {
 
@@ -53,11 +55,9 @@ inline constexpr llvm::StringLiteral kLossScale = "amp.loss_scale";
 inline constexpr llvm::StringLiteral kLossScaleCounter =
     "amp.loss_scale_counter";
 inline constexpr llvm::StringLiteral kGradsFinite = "amp.grads_finite";
-/// With `report=true`: the decision taken for an op (a dictionary with
-/// `precision`, `reason`, and optionally `detail`, `group`, `stored` and
-/// `fp8` (the index of the value's or dot's survival marker), `gemm`), and
-/// a unit attribute on each convert the pass inserted. Read and removed by
-/// the extension's report.
+/// With `report=true`: the decision taken for an op (a dictionary keyed by
+/// the decision_key:: keys below), and a unit attribute on each convert the
+/// pass inserted. Read and removed by the extension's report.
 inline constexpr llvm::StringLiteral kDecision = "amp.decision";
 inline constexpr llvm::StringLiteral kInserted = "amp.inserted";
 /// XLA frontend attributes naming the rounding convert of the N-th value
@@ -66,6 +66,46 @@ inline constexpr llvm::StringLiteral kInserted = "amp.inserted";
 inline constexpr llvm::StringLiteral kStoredMarker = "amp_stored";
 inline constexpr llvm::StringLiteral kFp8Marker = "amp_fp8";
 } // namespace attr
+
+//===----------------------------------------------------------------------===//
+// The report's schema
+//===----------------------------------------------------------------------===//
+
+/// Keys of the attr::kDecision dictionary on a decided op. The report copies
+/// each into the op's record under the same key, so they are also keys of
+/// every entry of report_key::kOps.
+namespace decision_key {
+// Written by amp-insert-converts.
+inline constexpr llvm::StringLiteral kPrecision = "precision"; ///< precisionId
+inline constexpr llvm::StringLiteral kReason = "reason";       ///< reasonId
+/// Text that qualifies the reason ("sum reduction", "variadic reduction").
+inline constexpr llvm::StringLiteral kDetail = "detail";
+/// Calibration group: a lowered matrix multiply and the ops painted with it.
+inline constexpr llvm::StringLiteral kGroup = "group";
+/// Index of the survival marker of the value stored in the compute dtype.
+inline constexpr llvm::StringLiteral kStored = "stored";
+// Written by amp-fp8-gemms.
+/// The FP8 operand formats, or the text of why the dot is not FP8.
+inline constexpr llvm::StringLiteral kGemm = "gemm";
+/// Index of the FP8 dot's survival marker.
+inline constexpr llvm::StringLiteral kFp8 = "fp8";
+inline constexpr llvm::StringLiteral kGemmReason =
+    "gemm_reason"; ///< fp8IneligibilityId
+} // namespace decision_key
+
+/// Keys of the report JSON (collectPrecisionReport).
+namespace report_key {
+/// One record per decided op: kOp, kLoc and the decision_key:: keys it has.
+inline constexpr llvm::StringLiteral kOps = "ops";
+inline constexpr llvm::StringLiteral kConvertsInserted = "converts_inserted";
+inline constexpr llvm::StringLiteral kConvertsTotal = "converts_total";
+/// Bytes of float values by dtype, before and after the rewrite.
+inline constexpr llvm::StringLiteral kBytesBefore = "bytes_before";
+inline constexpr llvm::StringLiteral kBytesAfter = "bytes_after";
+// Keys of a record, besides the decision_key:: keys.
+inline constexpr llvm::StringLiteral kOp = "op";   ///< the op's name
+inline constexpr llvm::StringLiteral kLoc = "loc"; ///< its location, printed
+} // namespace report_key
 
 //===----------------------------------------------------------------------===//
 // Loss scaling
@@ -89,11 +129,31 @@ struct LossScaleConfig {
 /// The scale a front end starts from when none is given (2**15).
 inline constexpr double kInitialLossScale = 32768.0;
 
+/// A configurable field of LossScaleConfig, by name: `name` is the Python
+/// keyword and the key front ends pass it under, `option` the amp-loss-scale
+/// option. Exactly one of `integer` and `real` points at the field.
+struct LossScaleField {
+  llvm::StringLiteral name;
+  llvm::StringLiteral option;
+  int64_t LossScaleConfig::*integer;
+  double LossScaleConfig::*real;
+};
+/// Every configurable field, in the order of LossScaleConfig.
+llvm::ArrayRef<LossScaleField> lossScaleFields();
+
 /// Checks a configuration; the error names the bad field (in the pass-option
 /// spelling, or with `pythonNames` as the Python keyword) and what it must
 /// be. The pass and the Python constructors both call this.
 llvm::Error validateLossScale(const LossScaleConfig &config,
                               bool pythonNames = false);
+
+/// The configuration of `mode` from fields given by name (LossScaleField's
+/// `name`), validated. Every field must be given, once: an unknown or
+/// missing name, or a fractional value for an integer field, is an error
+/// that names it and lists the fields.
+llvm::Expected<LossScaleConfig>
+lossScaleConfigFromFields(LossScaleMode mode,
+                          llvm::ArrayRef<std::pair<std::string, double>> fields);
 
 /// What a loss-scale mode appends to `main`, in order: argument roles after
 /// the existing arguments, result roles after the existing results. Roles
@@ -161,9 +221,26 @@ llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);
 // The whole contract, for the extension
 //===----------------------------------------------------------------------===//
 
+//===----------------------------------------------------------------------===//
+// Entry-point options
+//===----------------------------------------------------------------------===//
+
+/// How amp.transform, amp.train_step, amp.value_and_grad and amp-opt take a
+/// pass option: a closed choice, op names, a switch, an integer, integers.
+enum class OptionKind { Choice, OpNames, Bool, Int, Ints };
+
+/// `value` of the entry-point option `name` (its Python spelling, e.g.
+/// `dot_result`) in its canonical spelling on `target`; an empty value of
+/// a target-dependent choice is the target's default. The error names the
+/// accepted values, or the options when `name` is none of them.
+llvm::Expected<std::string> canonicalOptionValue(llvm::StringRef name,
+                                                 llvm::StringRef value,
+                                                 llvm::StringRef target);
+
 /// The contract as JSON: policy vocabulary, option choices and defaults of
-/// every pass, attribute names, loss-scale defaults and layouts, decision
-/// kinds and reasons, and the StableHLO op names options may mention.
+/// every pass, the options the entry points take, attribute names, the
+/// report's keys, loss-scale fields, defaults and layouts, decision kinds and
+/// reasons, and the StableHLO op names options may mention.
 std::string contractJson();
 
 } // namespace mlir::amp

@@ -299,12 +299,13 @@ void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text,
   if (!decision)
     return;
   NamedAttrList fields(decision);
-  fields.set("gemm", StringAttr::get(&getContext(), text));
+  fields.set(decision_key::kGemm, StringAttr::get(&getContext(), text));
   if (marker)
-    fields.set("fp8", IntegerAttr::get(IntegerType::get(&getContext(), 64),
-                                       *marker));
+    fields.set(decision_key::kFp8,
+               IntegerAttr::get(IntegerType::get(&getContext(), 64), *marker));
   if (!gemmReason.empty())
-    fields.set("gemm_reason", StringAttr::get(&getContext(), gemmReason));
+    fields.set(decision_key::kGemmReason,
+               StringAttr::get(&getContext(), gemmReason));
   dot->setAttr(attr::kDecision, fields.getDictionary(&getContext()));
 }
 

@@ -488,17 +488,20 @@ void InsertConvertsPass::annotateDecisions(const PrecisionAnalysis &analysis) {
       reason = d.cls == OpClass::Allow ? Reason::OperandsAlreadyLow
                                        : Reason::NoF32Values;
     llvm::SmallVector<NamedAttribute> fields = {
-        b.getNamedAttr("precision", b.getStringAttr(precisionId(precision))),
-        b.getNamedAttr("reason", b.getStringAttr(reasonId(reason)))};
+        b.getNamedAttr(decision_key::kPrecision,
+                       b.getStringAttr(precisionId(precision))),
+        b.getNamedAttr(decision_key::kReason, b.getStringAttr(reasonId(reason)))};
     if (!d.detail.empty() && precision != Precision::Unchanged)
-      fields.push_back(b.getNamedAttr("detail", b.getStringAttr(d.detail)));
+      fields.push_back(
+          b.getNamedAttr(decision_key::kDetail, b.getStringAttr(d.detail)));
     if (d.group >= 0)
-      fields.push_back(b.getNamedAttr("group", b.getI64IntegerAttr(d.group)));
+      fields.push_back(
+          b.getNamedAttr(decision_key::kGroup, b.getI64IntegerAttr(d.group)));
     // The index of a stored value is its survival marker's (storeLow).
     for (Value result : op->getResults())
       if (auto it = storedIndex.find(result); it != storedIndex.end())
-        fields.push_back(
-            b.getNamedAttr("stored", b.getI64IntegerAttr(it->second)));
+        fields.push_back(b.getNamedAttr(decision_key::kStored,
+                                        b.getI64IntegerAttr(it->second)));
     op->setAttr(attr::kDecision, b.getDictionaryAttr(fields));
   }
 }

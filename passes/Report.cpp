@@ -32,30 +32,27 @@ llvm::json::Object bytesJson(const StorageBytes &bytes) {
   return object;
 }
 
-/// One decision attribute as a JSON record.
+/// One decision attribute as a JSON record: the op, its location, and each
+/// decision key the attribute has, under the same key.
 llvm::json::Object decisionJson(Operation *op, DictionaryAttr decision) {
   auto string = [&](llvm::StringRef key) -> llvm::StringRef {
     auto value = decision.getAs<StringAttr>(key);
     return value ? value.getValue() : llvm::StringRef();
   };
   llvm::json::Object record{
-      {"op", op->getName().getStringRef()},
-      {"precision", string("precision")},
-      {"reason", string("reason")},
-      {"loc", locationText(op->getLoc())},
+      {report_key::kOp, op->getName().getStringRef()},
+      {decision_key::kPrecision, string(decision_key::kPrecision)},
+      {decision_key::kReason, string(decision_key::kReason)},
+      {report_key::kLoc, locationText(op->getLoc())},
   };
-  if (!string("detail").empty())
-    record["detail"] = string("detail");
-  if (auto group = decision.getAs<IntegerAttr>("group"))
-    record["group"] = group.getInt();
-  if (auto stored = decision.getAs<IntegerAttr>("stored"))
-    record["stored"] = stored.getInt();
-  if (auto fp8 = decision.getAs<IntegerAttr>("fp8"))
-    record["fp8"] = fp8.getInt();
-  if (!string("gemm").empty())
-    record["gemm"] = string("gemm");
-  if (!string("gemm_reason").empty())
-    record["gemm_reason"] = string("gemm_reason");
+  for (llvm::StringRef key :
+       {decision_key::kDetail, decision_key::kGemm, decision_key::kGemmReason})
+    if (!string(key).empty())
+      record[key] = string(key);
+  for (llvm::StringRef key :
+       {decision_key::kGroup, decision_key::kStored, decision_key::kFp8})
+    if (auto index = decision.getAs<IntegerAttr>(key))
+      record[key] = index.getInt();
   return record;
 }
 } // namespace
@@ -114,15 +111,15 @@ std::string mlir::amp::collectPrecisionReport(ModuleOp module,
     op->removeAttr(attr::kDecision);
     ops.push_back(decisionJson(op, decision));
   });
-  llvm::json::Object report{
-      {"ops", std::move(ops)},
-      {"converts_inserted", inserted},
-      {"converts_total", total},
-      {"bytes_before", bytesJson(before)},
-      {"bytes_after", bytesJson(storageBytes(module))},
+  llvm::json::Object json{
+      {report_key::kOps, std::move(ops)},
+      {report_key::kConvertsInserted, inserted},
+      {report_key::kConvertsTotal, total},
+      {report_key::kBytesBefore, bytesJson(before)},
+      {report_key::kBytesAfter, bytesJson(storageBytes(module))},
   };
   std::string text;
   llvm::raw_string_ostream os(text);
-  os << llvm::json::Value(std::move(report));
+  os << llvm::json::Value(std::move(json));
   return text;
 }

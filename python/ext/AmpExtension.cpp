@@ -150,33 +150,11 @@ std::map<std::string, std::string> parsePolicy(const std::string &text) {
           {"text", policy.str()}};
 }
 
-/// The canonical spelling of a closed-choice option, or ValueError naming
-/// the accepted ones: level, target, dot-result, storage (empty: the
-/// target's default), mode.
-std::string canonicalChoice(const std::string &option, const std::string &value,
+/// The canonical spelling of an entry-point option's value (the contract's
+/// `options`), or ValueError naming the accepted values.
+std::string canonicalOption(const std::string &name, const std::string &value,
                             const std::string &target) {
-  if (option == "level")
-    return amp::levelName(
-               valueOrRaise(amp::parseLevel(
-                   value, valueOrRaise(amp::parseTarget(target)))))
-        .str();
-  if (option == "target")
-    return amp::targetName(valueOrRaise(amp::parseTarget(value))).str();
-  if (option == "dot-result")
-    return amp::dotResultName(valueOrRaise(amp::parseDotResult(value))).str();
-  if (option == "storage")
-    return amp::storageName(
-               valueOrRaise(amp::parseStorage(
-                   value, valueOrRaise(amp::parseTarget(target)))))
-        .str();
-  if (option == "mode") {
-    llvm::Expected<amp::LossScaleMode> mode = amp::parseLossScaleMode(value);
-    if (!mode)
-      raiseValueError(llvm::createStringError(
-          "unknown loss-scale mode: " + llvm::toString(mode.takeError())));
-    return amp::lossScaleModeName(*mode).str();
-  }
-  throw nb::value_error(("no closed-choice option '" + option + "'").c_str());
+  return valueOrRaise(amp::canonicalOptionValue(name, value, target));
 }
 
 /// Qualified op names, or ValueError naming the unknown one and the nearest
@@ -189,18 +167,35 @@ std::vector<std::string> checkOpNames(const std::string &option,
   return qualified;
 }
 
-void validateLossScale(const std::string &mode, int64_t growthInterval,
-                       double growthFactor, double backoffFactor,
-                       double minScale, double maxScale) {
-  amp::LossScaleConfig config;
-  config.mode = valueOrRaise(amp::parseLossScaleMode(mode));
-  config.growthInterval = growthInterval;
-  config.growthFactor = growthFactor;
-  config.backoffFactor = backoffFactor;
-  config.minScale = minScale;
-  config.maxScale = maxScale;
-  if (llvm::Error error = amp::validateLossScale(config, /*pythonNames=*/true))
-    raiseValueError(std::move(error));
+/// The loss-scale configuration of `mode` from its fields by name (the
+/// contract's `loss_scale.fields`), checked by the code the pass runs, as
+/// {name: value} in the contract's order with each value of its field's type.
+/// ValueError names an unknown, missing or invalid field.
+nb::dict lossScaleConfig(const std::string &mode, const nb::dict &fields) {
+  std::vector<std::pair<std::string, double>> named;
+  for (auto [key, value] : fields) {
+    if (!nb::isinstance<nb::str>(key))
+      throw nb::type_error("loss-scale field names must be str");
+    // bool is an int to Python, but a growth interval of True is a mistake.
+    if (nb::isinstance<nb::bool_>(value) ||
+        !(nb::isinstance<nb::int_>(value) || nb::isinstance<nb::float_>(value)))
+      throw nb::type_error(("loss-scale field '" + nb::cast<std::string>(key) +
+                            "' must be a number, got " +
+                            nb::cast<std::string>(nb::repr(value)))
+                               .c_str());
+    named.push_back({nb::cast<std::string>(key), nb::cast<double>(value)});
+  }
+  amp::LossScaleConfig config = valueOrRaise(amp::lossScaleConfigFromFields(
+      valueOrRaise(amp::parseLossScaleMode(mode)), named));
+  nb::dict result;
+  for (const amp::LossScaleField &field : amp::lossScaleFields()) {
+    nb::str name(field.name.data(), field.name.size());
+    if (field.integer)
+      result[name] = config.*field.integer;
+    else
+      result[name] = config.*field.real;
+  }
+  return result;
 }
 
 /// The canonical text of a pass pipeline, or ValueError with the parser's
@@ -231,13 +226,11 @@ NB_MODULE(_amp, m) {
   m.def("contract", &amp::contractJson,
         "The contract between the passes and their front ends, as JSON.");
   m.def("parse_policy", &parsePolicy, nb::arg("text"));
-  m.def("canonical_choice", &canonicalChoice, nb::arg("option"),
+  m.def("canonical_option", &canonicalOption, nb::arg("name"),
         nb::arg("value"), nb::arg("target") = "gpu");
   m.def("check_op_names", &checkOpNames, nb::arg("option"), nb::arg("names"));
   m.def("check_pipeline", &checkPipeline, nb::arg("pipeline"));
-  m.def("validate_loss_scale", &validateLossScale, nb::arg("mode"),
-        nb::arg("growth_interval"), nb::arg("growth_factor"),
-        nb::arg("backoff_factor"), nb::arg("min_scale"),
-        nb::arg("max_scale"));
+  m.def("loss_scale_config", &lossScaleConfig, nb::arg("mode"),
+        nb::arg("fields"));
   m.attr("mlir_version") = LLVM_VERSION_STRING;
 }

@@ -5,7 +5,7 @@
 // HELP: usage: amp-opt
 // HELP: exit status: 0 success, 1 invalid IR (or a failed rewrite), 2 bad usage or policy
 // HELP: --policy POLICY
-// HELP: --level LEVEL
+// HELP: --level {O0,O1,O2,O3}
 // HELP: --target {cpu,gpu,tpu}
 // HELP: --storage {f32,compute}
 // HELP: --emit {pretty,generic,bytecode,portable}

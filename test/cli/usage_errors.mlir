@@ -20,7 +20,7 @@
 // LEVEL-NEXT: exit=2
 
 // RUN: sh -c 'amp-opt %s --target xpu; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=TARGET
-// TARGET: amp-opt: error: argument --target: invalid choice: 'xpu' (choose from {{.*}}cpu{{.*}}gpu{{.*}}tpu{{.*}})
+// TARGET: amp-opt: error: unknown target 'xpu' (accepted: cpu, gpu, tpu)
 // TARGET-NEXT: exit=2
 
 // RUN: sh -c 'amp-opt %s --no-such-flag; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=FLAG

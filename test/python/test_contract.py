@@ -5,6 +5,7 @@ the pass sources keep their functions short."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 
@@ -12,10 +13,14 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
+from jax.extend.mlir import ir
 
+import mlir_checks
 import stablehlo_amp as amp
 from stablehlo_amp import _amp
 from stablehlo_amp._src import contract
+from stablehlo_amp._src import pipeline as pl
+from stablehlo_amp._src import report as report_module
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PYTHON_SOURCES = sorted((ROOT / "python" / "stablehlo_amp").rglob("*.py"))
@@ -112,6 +117,31 @@ def test_python_defaults_are_the_contracts():
       "p=f32,c=bf16,o=f32"
 
 
+def test_loss_scale_fields_are_the_keywords_and_the_pass_options():
+  """One list of named fields: the constructor's keywords (with the
+  contract's defaults), the keys `pass_options` gives the options under,
+  and the pass's own configuration options."""
+  import inspect
+  fields = contract.loss_scale_fields()
+  names = [field["name"] for field in fields]
+  keywords = {name: p.default for name, p in
+              inspect.signature(amp.DynamicLossScale).parameters.items()
+              if p.kind is p.KEYWORD_ONLY and name != "counter"}
+  assert list(keywords) == names
+  assert keywords == {name: value for name, value in
+                      contract.loss_scale_defaults().items()
+                      if name != "initial_scale"}
+  options = set(contract.document()["passes"][contract.LOSS_SCALE]["options"])
+  assert options - {field["option"] for field in fields} == {
+      "mode", "seed-arg", "gradient-results", "state-results"}
+  ls = amp.DynamicLossScale(growth_interval=7)
+  assert ls.pass_options() == {
+      "mode": "dynamic",
+      **{field["option"]: ls.config()[field["name"]] for field in fields}}
+  assert ls.config()["growth_interval"] == 7
+  assert {field["type"] for field in fields} == {"int", "float"}
+
+
 def _declared_options() -> dict[str, set[str]]:
   """Pass name -> option names, from the reference TableGen generates
   (passes.md, what `amp-opt --help` prints)."""
@@ -139,12 +169,19 @@ def test_contract_names_the_options_the_passes_declare():
 
 
 def test_contract_choices_are_what_the_passes_accept():
-  for option in ("level", "target", "dot-result", "storage"):
-    for choice in contract.choices(contract.INSERT_CONVERTS, option):
-      assert _amp.canonical_choice(option, choice, "gpu") == choice
+  choices = [name for name, spec in contract.options().items()
+             if spec["kind"] == "choice"]
+  assert {"level", "target", "dot_result", "storage",
+          "fp8_scaling"} <= set(choices)
+  for name in choices:
+    spec = contract.options()[name]
+    assert tuple(spec["choices"]) == contract.choices(spec["pass"],
+                                                      spec["option"])
+    for choice in spec["choices"]:
+      assert _amp.canonical_option(name, choice, "gpu") == choice
     with pytest.raises(ValueError, match="accepted: " + ", ".join(
-        contract.choices(contract.INSERT_CONVERTS, option))):
-      _amp.canonical_choice(option, "nonsense", "gpu")
+        spec["choices"])):
+      _amp.canonical_option(name, "nonsense", "gpu")
 
 
 def test_validation_is_one_code_path():
@@ -209,3 +246,146 @@ def test_no_function_in_passes_is_longer_than_about_100_lines():
   assert len(found) > 50, "the scanner found too few functions"
   long = [f for f in found if f[2] > 100]
   assert not long, long
+
+
+# -- the report's schema -------------------------------------------------------
+
+def _schema_program(x, w, v, w2):
+  """Writes every decision key: a sum reduction kept f32 (`detail`), a
+  lowered dot (`group`), exp stored in bf16 across a dot (`stored`), an FP8
+  dot (`gemm`, `fp8`) and one whose 30 rows keep it bf16 (`gemm_reason`)."""
+  h = jnp.exp(x @ w) * (x @ w2)
+  return h.sum() + (v @ w).sum()
+
+
+_SCHEMA_ARGS = (jnp.ones((64, 64)), jnp.ones((64, 128)), jnp.ones((30, 64)),
+                jnp.ones((64, 128)))
+_SCHEMA_POLICY = "p=f32,c=bf16,o=f32,gemm=f8"
+
+
+@pytest.fixture(scope="module")
+def report_json() -> str:
+  """The report JSON the extension hands over for `_schema_program`, taken
+  on its way into report.py from a real `amp.transform(...).lower(...)`."""
+  captured = []
+  original = report_module.Report.from_json.__func__
+
+  def capture(cls, text, **info):
+    captured.append(text)
+    return original(cls, text, **info)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(report_module.Report, "from_json", classmethod(capture))
+    amp.transform(_schema_program, _SCHEMA_POLICY,
+                  target="gpu").lower(*_SCHEMA_ARGS).report()
+  assert len(captured) == 1
+  return captured[0]
+
+
+def _declared(keys) -> set[str]:
+  return set(keys._asdict().values())
+
+
+def _same_keys(used: set[str], keys, verb: str) -> None:
+  """`used` is exactly the contract's `keys`, or the failure says which
+  differ."""
+  undeclared = sorted(used - _declared(keys))
+  unused = sorted(_declared(keys) - used)
+  assert not undeclared, f"{verb} but not in the contract: {undeclared}"
+  assert not unused, f"in the contract but not {verb}: {unused}"
+
+
+def test_the_extension_writes_exactly_the_report_keys_of_the_contract(
+    report_json):
+  data = json.loads(report_json)
+  record_keys = set().union(*(record.keys() for record in
+                              data[contract.report_keys().ops]))
+  # Every key written is declared, and the program writes every declared key
+  # (so the contract declares none that nothing writes).
+  for written, keys in ((set(data), contract.report_keys()),
+                        (record_keys, contract.report_op_keys())):
+    _same_keys(written, keys, "written")
+
+
+def test_the_decision_attribute_has_exactly_the_keys_of_the_contract():
+  """The `amp.decision` dictionaries the passes write, read before the
+  extension's report turns them into JSON."""
+  text = jax.jit(_schema_program).lower(*_SCHEMA_ARGS).as_text()
+  policy = amp.Policy.parse(_SCHEMA_POLICY)
+  options = pl.RewriteOptions.make(target="gpu")
+  context = pl.ir_context()
+  with context:
+    module = pl.parse_module(text, context, "<schema>", pl.SourceForm())
+    generic = pl.generic_text(module, "<schema>")
+  ok, output, _, diagnostics = _amp.run_pipeline(
+      generic, pl.build_pipeline(policy, options, report=True), "<schema>",
+      False)
+  assert ok, diagnostics
+  written = set()
+  with context:
+    for op in mlir_checks.walk(ir.Module.parse(output).operation):
+      if contract.attribute("decision") in op.attributes:
+        decision = ir.DictAttr(op.attributes[contract.attribute("decision")])
+        written |= {decision[i].name for i in range(len(decision))}
+  _same_keys(written, contract.decision_keys(), "written")
+  assert _declared(contract.decision_keys()) < _declared(
+      contract.report_op_keys())
+
+
+class _Reads(dict):
+  """A JSON object that notes each key read from it into `seen`."""
+
+  def __init__(self, data: dict, seen: set[str]):
+    super().__init__(data)
+    self.seen = seen
+
+  def __getitem__(self, key):
+    self.seen.add(key)
+    return super().__getitem__(key)
+
+  def get(self, key, default=None):
+    self.seen.add(key)
+    return super().get(key, default)
+
+  def __contains__(self, key):
+    self.seen.add(key)
+    return super().__contains__(key)
+
+
+def test_report_py_reads_exactly_the_report_keys_of_the_contract(report_json):
+  """A key report.py reads that the contract does not declare (a typo read
+  with `.get` would silently give its default) fails here, and so does a
+  declared key report.py never reads."""
+  seen_report, seen_op = set(), set()
+  ops_key = contract.report_keys().ops
+
+  def loads(text):
+    data = json.loads(text)
+    data[ops_key] = [_Reads(record, seen_op) for record in data[ops_key]]
+    return _Reads(data, seen_report)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(report_module, "json", type("Json", (), {
+        "loads": staticmethod(loads)}))
+    report = report_module.Report.from_json(
+        report_json, policy=_SCHEMA_POLICY, level="O1", target="gpu")
+  _same_keys(seen_report, contract.report_keys(), "read")
+  _same_keys(seen_op, contract.report_op_keys(), "read")
+  # What was read is what the program decided.
+  assert report.fp8_gemms and report.stored_low and report.groups
+  assert {d.gemm_reason_id for d in report.decisions} >= {
+      "size_not_multiple_of_16"}
+  assert any(d.detail for d in report.decisions)
+
+
+def test_report_py_writes_no_report_key_of_its_own():
+  """report.py reads the JSON only through the contract's keys: no
+  subscript, `.get` or `in` with a key literal."""
+  text = (ROOT / "python" / "stablehlo_amp" / "_src" / "report.py").read_text()
+  keys = _declared(contract.report_keys()) | _declared(
+      contract.report_op_keys())
+  literal = r"""["'](%s)["']""" % "|".join(map(re.escape, sorted(keys)))
+  reads = [m[0] for m in re.finditer(
+      rf"\[\s*{literal}\s*\]|\.get\(\s*{literal}|"
+      rf"{literal}\s+(?:not\s+)?in\b", text)]
+  assert not reads, f"report.py reads keys by literal: {reads}"

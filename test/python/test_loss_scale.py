@@ -23,6 +23,7 @@ import optax
 import pytest
 
 import stablehlo_amp as amp
+from stablehlo_amp import _amp
 
 F32_MAX = 3.4028234663852886e38  # np.finfo(np.float32).max, as a Python float
 
@@ -269,6 +270,91 @@ def test_compiled_train_step_matches_the_reference_rules(scenario):
     skipped.append(int(metrics["skipped_steps"]))
   _check_sequence(scenario, got)
   assert skipped == list(np.cumsum([not f for f in scenario.pattern]))
+
+
+# -- the two implementations of the rule, in lockstep -------------------------
+#
+# The rule exists twice: `DynamicLossScale.adjust` (pure JAX, for loops users
+# write themselves: it must trace under jit, scan and vmap, so it cannot call
+# a compiled program) and the ops amp-loss-scale builds into a step. Here
+# both take the same state at every step, so the first step where they
+# differ fails, whatever a reference rule says.
+
+
+LOCKSTEP = [
+    # Down to the floor and held there; period boundaries with and without
+    # growth; a reset mid-period; up to the ceiling and held there (the
+    # interval still resets the counter).
+    Scenario("floor_periods_and_ceiling",
+             Config(4.0, growth_interval=3, max_scale=16.0),
+             (F, F, F, F) + (T,) * 3 + (T, T, F) + (T,) * 12 + (T,) * 4
+             + (F, T, T, T, F, F), (), "p=f32,c=f32,o=f32"),
+] + [s for s in SCENARIOS if s.name in (
+    "ceiling_not_a_power_of_two", "growth_would_overflow_f32",
+    "separate_growth_and_backoff_factors", "long_mixed_sequence")]
+
+
+@pytest.mark.parametrize("scenario", LOCKSTEP, ids=lambda s: s.name)
+def test_adjust_and_the_compiled_rule_agree_at_every_step(scenario):
+  vg = amp.value_and_grad(_dot_loss, scenario.policy)
+  ls, seen = scenario.config.make(), []
+  for step, finite in enumerate(scenario.pattern):
+    python = ls.adjust(jnp.asarray(finite))
+    (_, _), grads_finite, compiled = vg(_W, _batch(step, finite),
+                                        loss_scale=ls)
+    assert bool(grads_finite) == finite
+    got = (float(compiled.loss_scale), int(compiled.counter))
+    assert got == (float(python.loss_scale), int(python.counter)), (
+        f"step {step} ({'finite' if finite else 'overflow'}) from "
+        f"{(float(ls.loss_scale), int(ls.counter))}: compiled {got}, "
+        f"adjust {(float(python.loss_scale), int(python.counter))}")
+    seen.append(got)
+    ls = compiled
+  assert vg.rewrite_count == 1
+  if scenario.name == "floor_periods_and_ceiling":
+    scales = [scale for scale, _ in seen]
+    c = scenario.config
+    assert scales[2:4] == [c.min_scale] * 2, "the floor is not held"
+    assert scales.count(c.max_scale) >= 4, "the ceiling is not held"
+    # The counter wraps at the interval whether or not the scale grew.
+    wraps = [i for i, (_, n) in enumerate(seen) if n == 0 and
+             scenario.pattern[i]]
+    assert any(seen[i][0] == seen[i - 1][0] == c.max_scale for i in wraps)
+    assert any(seen[i][0] > seen[i - 1][0] for i in wraps)
+
+
+# -- the configuration, by name ----------------------------------------------
+
+
+def test_a_misspelt_missing_or_fractional_field_is_an_error_naming_it():
+  """The configuration crosses into C++ by name: the extension refuses what
+  is not exactly the contract's fields."""
+  fields = amp.DynamicLossScale().config()
+  with pytest.raises(ValueError, match=r"unknown loss-scale field "
+                     r"'growth_intervl' \(fields: growth_interval, "):
+    _amp.loss_scale_config("dynamic", {
+        **{k: v for k, v in fields.items() if k != "growth_interval"},
+        "growth_intervl": 3})
+  with pytest.raises(ValueError, match="missing loss-scale field 'max_scale'"):
+    _amp.loss_scale_config("dynamic", {k: v for k, v in fields.items()
+                                       if k != "max_scale"})
+  with pytest.raises(TypeError, match="'growth_interval' must be a number"):
+    _amp.loss_scale_config("dynamic", {**fields, "growth_interval": True})
+  # A fractional interval was truncated once; now it is refused.
+  with pytest.raises(ValueError, match="invalid growth_interval: must be an "
+                     "integer, got 2.5"):
+    amp.DynamicLossScale(growth_interval=2.5)
+  # NumPy numbers are numbers.
+  ls = amp.DynamicLossScale(growth_interval=np.int64(3),
+                            min_scale=np.float32(0.5))
+  assert ls.config() == {**fields, "growth_interval": 3, "min_scale": 0.5}
+  assert type(ls.growth_interval) is int and type(ls.min_scale) is float
+  # The pass's options are named too: a misspelt one is refused.
+  module = jax.jit(lambda w: jnp.sum(w ** 2)).lower(jnp.ones(4)).as_text()
+  with pytest.raises(KeyError, match="amp-loss-scale has no option "
+                     "'growth-intervl'"):
+    amp.rewrite_module(module, "p=f32,c=f16", loss_scale={
+        "mode": "dynamic", "growth-intervl": 3})
 
 
 # -- pytrees -------------------------------------------------------------------

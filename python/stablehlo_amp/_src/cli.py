@@ -8,6 +8,7 @@ import importlib.resources
 import os
 import sys
 import tempfile
+from typing import Any
 
 EXIT_OK, EXIT_INVALID_IR, EXIT_USAGE = 0, 1, 2
 SPLIT_MARKER = "// -----"
@@ -26,11 +27,9 @@ exit status: 0 success, 1 invalid IR (or a failed rewrite), 2 bad usage or polic
 
 # Flags that configure the default pipeline, with their defaults: with
 # --pass-pipeline they do not apply.
-_PIPELINE_FLAGS = {"policy": None, "level": None, "target": None,
-                   "dot_result": None, "storage": None, "keep_f32": [],
-                   "force_compute": [], "calibrate": None, "tolerance": None,
-                   "error_measure": None, "strict": False,
-                   "rematerialize": None}
+# Flags that choose what --pass-pipeline spells out itself (with every
+# rewrite option's flag).
+_BESIDES_PIPELINE = ("policy", "calibrate", "tolerance", "error_measure")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,35 +65,7 @@ def _build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--policy",
                       help="precision policy (default: "
                       f"{contract.default(insert, 'policy')})")
-  levels = contract.document()["passes"][insert]["level_defaults"]
-  parser.add_argument("--level",
-                      help="O0 no change, O1 dots/convs only, O2 painting, "
-                      "O3 every float op (default: the target's: " +
-                      ", ".join(f"{v} on {k}" for k, v in levels.items()) +
-                      ")")
-  parser.add_argument("--target", choices=contract.choices(insert, "target"),
-                      help="backend the module will run on (default: the one "
-                      "JAX reports here)")
-  parser.add_argument("--dot-result",
-                      choices=contract.choices(insert, "dot-result"),
-                      help="result dtype of lowered dots/convolutions "
-                      "(default: f32 accumulation)")
-  parser.add_argument("--storage", choices=contract.choices(insert, "storage"),
-                      help="store large f32 results that are read again "
-                      "later in the compute dtype (default: the target's)")
-  parser.add_argument("--strict", action="store_true",
-                      help="every rounding the painted module describes in a "
-                      "form XLA keeps (reduce_precision)")
-  parser.add_argument("--rematerialize", choices=("on", "off"),
-                      help="on a training step, recompute cheap elementwise "
-                      "residuals in the backward pass (default: the "
-                      "target's: on for gpu/tpu)")
-  parser.add_argument("--keep-f32", action="append", default=[],
-                      metavar="OPS", help="comma-separated op names kept f32 "
-                      "(e.g. tanh,stablehlo.logistic)")
-  parser.add_argument("--force-compute", action="append", default=[],
-                      metavar="OPS", help="comma-separated op names forced "
-                      "into the compute dtype")
+  _add_option_flags(parser)
   parser.add_argument("--calibrate", metavar="INPUTS.npz",
                       help="keep in f32 a minimal set of op groups that brings "
                       "every output within --tolerance of f32 on these "
@@ -123,6 +94,63 @@ def _build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--version", action="store_true",
                       help="print the version and exit")
   return parser
+
+
+def _add_option_flags(parser: argparse.ArgumentParser) -> None:
+  """A flag per rewrite option of the contract (those amp.transform takes),
+  with the pass's help; values are checked by the pass's own parsers, so a
+  bad one is a usage error naming the accepted values."""
+  from stablehlo_amp._src import contract
+  from stablehlo_amp._src import pipeline as pl
+  for name in pl.accepted_options(stateful=False):
+    spec = contract.options()[name]
+    flag = "--" + name.replace("_", "-")
+    defaults = spec.get("target_defaults")
+    help_text = spec["help"]
+    if spec.get("target"):
+      help_text += " (default: the backend JAX runs on here)"
+    elif defaults and not spec["option"]:  # a pass switch
+      help_text += " (default per target: " + ", ".join(
+          f"{k} {_on_off(v)}" for k, v in defaults.items()) + ")"
+    kind = spec["kind"]
+    if kind == "choice":
+      parser.add_argument(flag, metavar="{" + ",".join(spec["choices"]) + "}",
+                          help=help_text)
+    elif kind == "op_names":
+      parser.add_argument(flag, action="append", default=[], metavar="OPS",
+                          help=help_text + "; comma-separated, repeatable")
+    elif kind == "bool" and defaults:
+      parser.add_argument(flag, choices=("on", "off"), help=help_text)
+    elif kind == "bool":
+      parser.add_argument(flag, action="store_true", help=help_text)
+    elif kind == "int":
+      parser.add_argument(flag, type=int, help=help_text)
+    else:
+      raise AssertionError(f"no flag for option {name} of kind {kind}")
+
+
+def _on_off(value: Any) -> str:
+  return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def _option_values(args: argparse.Namespace) -> dict[str, Any]:
+  """The rewrite options the flags gave, as `RewriteOptions.make` takes them
+  (flags not given are left out: the option's default applies)."""
+  from stablehlo_amp._src import contract
+  from stablehlo_amp._src import pipeline as pl
+  values: dict[str, Any] = {}
+  for name in pl.accepted_options(stateful=False):
+    value = getattr(args, name)
+    kind = contract.options()[name]["kind"]
+    if kind == "op_names":
+      value = _split_ops(value) or None
+    elif kind == "bool" and isinstance(value, str):
+      value = value == "on"
+    elif kind == "bool":
+      value = value or None
+    if value is not None:
+      values[name] = value
+  return values
 
 
 def _split_ops(values: list[str]) -> list[str]:
@@ -196,13 +224,16 @@ def _usage(message: str) -> int:
   return EXIT_USAGE
 
 
-def _check_usage(args) -> str | None:
+def _check_usage(args, parser: argparse.ArgumentParser) -> str | None:
   """A usage error, or None."""
+  from stablehlo_amp._src import pipeline as pl
   if args.emit == "bytecode" and args.split_input_file:
     return "--emit=bytecode cannot be combined with --split-input-file"
   if args.pass_pipeline is not None:
-    given = [f"--{name.replace('_', '-')}" for name, unset in
-             _PIPELINE_FLAGS.items() if getattr(args, name) != unset]
+    names = (_BESIDES_PIPELINE[:1] + tuple(pl.accepted_options(False)) +
+             _BESIDES_PIPELINE[1:])
+    given = [f"--{name.replace('_', '-')}" for name in names
+             if getattr(args, name) != parser.get_default(name)]
     if given:
       return (f"{', '.join(given)} do{'es' if len(given) == 1 else ''} not "
               "apply with --pass-pipeline: give pass options inside the "
@@ -216,7 +247,8 @@ def _check_usage(args) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-  args = _build_parser().parse_args(argv)
+  parser = _build_parser()
+  args = parser.parse_args(argv)
   if args.version:
     from stablehlo_amp import _amp
     try:
@@ -225,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
       version = "unknown"
     print(f"amp-opt (stablehlo-amp) {version}, MLIR {_amp.mlir_version}")
     return EXIT_OK
-  problem = _check_usage(args)
+  problem = _check_usage(args, parser)
   if problem:
     return _usage(problem)
 
@@ -243,12 +275,7 @@ def main(argv: list[str] | None = None) -> int:
       policy = Policy.parse(
           args.policy if args.policy is not None else
           contract.default(contract.INSERT_CONVERTS, "policy"))
-      options = pl.RewriteOptions.make(
-          level=args.level, target=args.target, dot_result=args.dot_result,
-          storage=args.storage, keep_f32=_split_ops(args.keep_f32),
-          force_compute=_split_ops(args.force_compute), strict=args.strict,
-          rematerialize=(None if args.rematerialize is None else
-                         args.rematerialize == "on"))
+      options = pl.RewriteOptions.make(**_option_values(args))
   except (ValueError, TypeError) as error:
     return _usage(str(error))
 

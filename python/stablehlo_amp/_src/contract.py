@@ -1,17 +1,20 @@
 """The contract with the C++ passes, read from the extension.
 
 Everything the passes define and the Python side needs (attribute names, the
-loss-scale defaults and the arguments and results the loss-scale pass
-appends, option choices and defaults, decision reasons) comes from
-`passes/Contract.{h,cpp}` through `_amp.contract()`. Nothing here is a copy:
-this module only gives the JSON document names.
+report's keys, the loss-scale fields, their defaults and the arguments and
+results the loss-scale pass appends, option choices and defaults, decision
+reasons) comes from `passes/Contract.{h,cpp}` through `_amp.contract()`.
+Nothing here is a copy: this module only gives the JSON document names.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
-from typing import Any, Mapping
+import pathlib
+import re
+from typing import Any, Mapping, NamedTuple
 
 from stablehlo_amp import _amp
 
@@ -48,10 +51,22 @@ REMATERIALIZE = "amp-rematerialize"
 SIMPLIFY_CONVERTS = "amp-simplify-converts"
 
 
+def loss_scale_fields() -> tuple[Mapping[str, Any], ...]:
+  """The configurable fields of the dynamic loss-scale rule, in order, each
+  ``{"name", "option", "type", "default"}``: `name` is the Python keyword
+  and the key `_amp.loss_scale_config` reads, `option` the `amp-loss-scale`
+  option, `type` ``"int"`` or ``"float"``."""
+  return tuple(document()["loss_scale"]["fields"])
+
+
 def loss_scale_defaults() -> Mapping[str, Any]:
-  """Defaults of the dynamic loss-scale rule, by Python field name."""
-  data = document()["loss_scale"]
-  return {k: v for k, v in data.items() if k != "layouts"}
+  """Defaults of the dynamic loss-scale rule by field name, and the
+  `initial_scale` a front end starts from."""
+  # JSON writes 2.0 as 2: a float field's default is made a float again.
+  return {"initial_scale": float(document()["loss_scale"]["initial_scale"]),
+          **{field["name"]: (float(field["default"])
+                             if field["type"] == "float" else field["default"])
+             for field in loss_scale_fields()}}
 
 
 def loss_scale_layout(mode: str) -> Mapping[str, tuple[str, ...]]:
@@ -60,6 +75,33 @@ def loss_scale_layout(mode: str) -> Mapping[str, tuple[str, ...]]:
   layout = document()["loss_scale"]["layouts"][mode]
   return {"arguments": tuple(layout["arguments"]),
           "results": tuple(layout["results"])}
+
+
+def _keys(typename: str, by_role: Mapping[str, str]) -> NamedTuple:
+  """`by_role` as a named tuple: ``keys.gemm_reason`` is the key of that
+  role, and a role the contract does not declare is an AttributeError."""
+  return collections.namedtuple(typename, by_role)(**by_role)
+
+
+@functools.cache
+def decision_keys() -> Any:
+  """The keys of the ``amp.decision`` dictionary the passes put on an op
+  (``precision``, ``reason``, ``gemm_reason``, ...), by role."""
+  return _keys("DecisionKeys", document()["decisions"]["keys"])
+
+
+@functools.cache
+def report_keys() -> Any:
+  """The top-level keys of the report JSON the extension hands over
+  (``ops``, ``converts_inserted``, ...), by role."""
+  return _keys("ReportKeys", document()["report"]["keys"])
+
+
+@functools.cache
+def report_op_keys() -> Any:
+  """The keys of one op's record in the report's ``ops``: ``op``, ``loc``
+  and the decision keys, by role."""
+  return _keys("ReportOpKeys", document()["report"]["op_keys"])
 
 
 def reason_text(reason_id: str) -> str:
@@ -95,3 +137,38 @@ def default_policy(training: bool = False) -> str:
 
 def policy_grammar() -> str:
   return document()["policy"]["grammar"]
+
+
+@functools.cache
+def options() -> Mapping[str, Mapping[str, Any]]:
+  """The rewrite options the entry points take, by Python name, in order:
+  each with its pass and pass spelling (an empty spelling switches the pass
+  on or off), kind, default, choices, help (the option's description in
+  Passes.td), and whether it configures state only `train_step` carries
+  (``stateful``) or is set by stablehlo-amp itself (``internal``)."""
+  described = _pass_option_help()
+  return {spec["name"]: {"help": described.get((spec["pass"],
+                                                 spec["option"]), ""),
+                         **spec}
+          for spec in document()["options"]}
+
+
+def _pass_option_help() -> dict[tuple[str, str], str]:
+  """(pass, option) -> the option's description, from the passes.md that
+  mlir-tblgen writes from Passes.td (shipped with the package)."""
+  text = (pathlib.Path(__file__).parent.parent / "passes.md").read_text()
+  found, current = {}, None
+  for line in text.splitlines():
+    heading = re.match(r"^#+ `-?([a-z0-9-]+)`", line)
+    if heading:
+      current = heading.group(1)
+      continue
+    option = re.match(r"^-([a-z0-9-]+)\s*: (.*)$", line)
+    if option and current:
+      found[(current, option.group(1))] = option.group(2).strip()
+  return found
+
+
+def target_option() -> str:
+  """The option naming the backend, which other options' defaults follow."""
+  return next(name for name, spec in options().items() if spec.get("target"))

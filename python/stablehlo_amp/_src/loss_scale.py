@@ -4,13 +4,14 @@ The update rule is the one `amp-loss-scale` builds into the module (PyTorch
 GradScaler's, with jmp's floor and a ceiling): on overflow
 ``scale = max(min_scale, scale * backoff_factor)`` and the counter resets;
 after `growth_interval` finite steps ``scale * growth_factor`` unless that
-overflows f32 or passes `max_scale`. The scale is always f32. The defaults,
-the validation and the order of the state the pass appends come from the
-pass's contract.
+overflows f32 or passes `max_scale`. The scale is always f32. The fields of
+the configuration (by name), their defaults, the validation and the order of
+the state the pass appends come from the pass's contract.
 """
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -20,6 +21,29 @@ from stablehlo_amp import _amp
 from stablehlo_amp._src import contract
 
 _DEFAULTS = contract.loss_scale_defaults()
+_FIELDS = contract.loss_scale_fields()
+
+
+def _checked_config(mode: str, fields: Mapping[str, Any]) -> tuple:
+  """`fields` (the rule's configuration by name) checked by the pass's own
+  code, as hashable pytree data: ((name, value), ...) in the contract's
+  order. An unknown, missing or invalid field is a ValueError naming it."""
+  def plain(value):
+    # NumPy and JAX scalars cross as Python numbers; a fractional interval
+    # stays fractional so that the check refuses it instead of truncating.
+    if isinstance(value, bool):
+      return value
+    try:
+      return operator.index(value)
+    except TypeError:
+      return float(value)
+  return tuple(_amp.loss_scale_config(
+      mode, {name: plain(value) for name, value in fields.items()}).items())
+
+
+def _config_field(name: str) -> property:
+  return property(lambda self: dict(self._config)[name],
+                  doc=f"The `{name}` of the update rule (static).")
 
 
 def all_finite(tree: Any) -> jax.Array:
@@ -165,18 +189,22 @@ class DynamicLossScale(_LossScaleBase):
                min_scale: float = _DEFAULTS["min_scale"],
                max_scale: float = _DEFAULTS["max_scale"],
                counter: int | jax.Array = 0):
-    config = (int(growth_interval), float(growth_factor),
-              float(backoff_factor), float(min_scale), float(max_scale))
-    _amp.validate_loss_scale(self.mode, *config)
-    self._config = config
+    self._config = _checked_config(self.mode, dict(
+        growth_interval=growth_interval, growth_factor=growth_factor,
+        backoff_factor=backoff_factor, min_scale=min_scale,
+        max_scale=max_scale))
     self.loss_scale = jnp.asarray(initial_scale, jnp.float32)
     self.counter = jnp.asarray(counter, jnp.int32)
 
-  growth_interval = property(lambda self: self._config[0])
-  growth_factor = property(lambda self: self._config[1])
-  backoff_factor = property(lambda self: self._config[2])
-  min_scale = property(lambda self: self._config[3])
-  max_scale = property(lambda self: self._config[4])
+  growth_interval = _config_field("growth_interval")
+  growth_factor = _config_field("growth_factor")
+  backoff_factor = _config_field("backoff_factor")
+  min_scale = _config_field("min_scale")
+  max_scale = _config_field("max_scale")
+
+  def config(self) -> dict[str, Any]:
+    """The update rule's configuration by the contract's field names."""
+    return dict(self._config)
 
   def scale(self, tree: Any) -> Any:
     return _scale_tree(tree, self.loss_scale)
@@ -199,11 +227,11 @@ class DynamicLossScale(_LossScaleBase):
                          jnp.where(grads_finite, finite_counter, 0))
 
   def pass_options(self) -> dict[str, Any]:
-    return {"mode": self.mode, "growth_interval": self.growth_interval,
-            "growth_factor": repr(self.growth_factor),
-            "backoff_factor": repr(self.backoff_factor),
-            "min_scale": repr(self.min_scale),
-            "max_scale": repr(self.max_scale)}
+    """The `amp-loss-scale` options by name: each field under the option the
+    contract gives it."""
+    config = self.config()
+    return {"mode": self.mode,
+            **{field["option"]: config[field["name"]] for field in _FIELDS}}
 
   def _roles(self) -> Mapping[str, Any]:
     return {contract.attribute("loss_scale"): self.loss_scale,
@@ -231,11 +259,9 @@ class DynamicLossScale(_LossScaleBase):
     return new
 
   def __repr__(self) -> str:
+    config = ", ".join(f"{name}={value}" for name, value in self._config)
     return (f"DynamicLossScale(loss_scale={self.loss_scale!r}, "
-            f"counter={self.counter!r}, growth_interval={self.growth_interval}, "
-            f"growth_factor={self.growth_factor}, "
-            f"backoff_factor={self.backoff_factor}, "
-            f"min_scale={self.min_scale}, max_scale={self.max_scale})")
+            f"counter={self.counter!r}, {config})")
 
 
 LossScale = NoOpLossScale | StaticLossScale | DynamicLossScale
@@ -285,16 +311,13 @@ def _register_flax_serialization() -> None:
   def dynamic_to_state(ls: DynamicLossScale) -> dict:
     return {"loss_scale": serialization.to_state_dict(ls.loss_scale),
             "counter": serialization.to_state_dict(ls.counter),
-            "growth_interval": ls.growth_interval,
-            "growth_factor": ls.growth_factor,
-            "backoff_factor": ls.backoff_factor,
-            "min_scale": ls.min_scale, "max_scale": ls.max_scale}
+            **ls.config()}
 
   def dynamic_from_state(target: DynamicLossScale,
                          state: dict) -> DynamicLossScale:
-    config = {name: state.get(name, getattr(target, name)) for name in
-              ("growth_interval", "growth_factor", "backoff_factor",
-               "min_scale", "max_scale")}
+    # A field the checkpoint lacks (saved before it existed) is the target's.
+    config = {name: state.get(name, value)
+              for name, value in target.config().items()}
     return DynamicLossScale(
         serialization.from_state_dict(target.loss_scale, state["loss_scale"]),
         counter=serialization.from_state_dict(target.counter,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
-from typing import Any, Callable, Iterable, Sequence
+import textwrap
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 from jax.extend.mlir import ir
@@ -73,96 +75,140 @@ def _names(value: str | Iterable[str] | None, what: str) -> tuple[str, ...]:
   return names
 
 
+def unknown_options_message(unknown: Sequence[str],
+                            accepted: Iterable[str],
+                            stateful: Iterable[str] = ()) -> str:
+  """"unexpected options: NAME (nearest: ...; accepted: ...)": what every
+  entry point says of a keyword that is none of its options."""
+  accepted, stateful = sorted(accepted), set(stateful)
+  nearest = sorted({n for name in unknown
+                    for n in difflib.get_close_matches(name, accepted, n=2)})
+  needs_state = sorted(set(unknown) & stateful)
+  return (f"unexpected options: {', '.join(sorted(unknown))} ("
+          + (f"{', '.join(needs_state)} configure{'s' * (len(needs_state) == 1)}"
+             " state that only amp.train_step carries; " if needs_state else "")
+          + (f"nearest: {', '.join(nearest)}; " if nearest else "")
+          + f"accepted: {', '.join(accepted)})")
+
+
+def accepted_options(stateful: bool) -> list[str]:
+  """The rewrite options an entry point takes by keyword: every option of
+  the contract, less those that configure state when it carries none."""
+  return [name for name, spec in contract.options().items()
+          if not spec["internal"] and (stateful or not spec["stateful"])]
+
+
+def options_help(stateful: bool, indent: int = 0) -> str:
+  """One line per option an entry point takes: its name, the pass's help,
+  its choices and default; for docstrings."""
+  lines = []
+  for name in accepted_options(stateful):
+    lines += textwrap.wrap(f"``{name}``: {contract.options()[name]['help']}",
+                           80, initial_indent=" " * indent,
+                           subsequent_indent=" " * (indent + 2))
+  return "\n".join(lines)
+
+
 @dataclasses.dataclass(frozen=True)
 class RewriteOptions:
-  """Validated options of `amp-insert-converts` (besides the policy).
+  """Validated pass options (besides the policy), by their Python names.
 
-  Build with `RewriteOptions.make`, which checks every value with the pass's
-  own parsers (through the extension) and raises ValueError naming the
-  accepted values; `target=None` means the backend JAX runs on.
+  Which options exist, their kinds, choices, defaults and help come from
+  the contract (`passes/Contract.cpp`; `amp-opt --help` lists them): read
+  one as an attribute (``options.storage``). Build with
+  `RewriteOptions.make`, which checks every value with the pass's own
+  parsers (through the extension) and raises ValueError naming the accepted
+  values; a target left out is the backend JAX runs on.
   """
-  level: str
-  target: str
-  dot_result: str
-  storage: str
-  keep_f32: tuple[str, ...] = ()
-  force_compute: tuple[str, ...] = ()
-  keep_groups: tuple[int, ...] = ()
-  # amp-fp8-gemms, run when the policy has gemm=f8...: per-tensor scaling
-  # from this step's amax ("current") or an amax history ("delayed"); the
-  # defaults are the pass's.
-  fp8_scaling: str = dataclasses.field(
-      default_factory=lambda: contract.default(contract.FP8_GEMMS, "scaling"))
-  amax_history: int = dataclasses.field(
-      default_factory=lambda: contract.default(contract.FP8_GEMMS,
-                                               "amax-history"))
-  # amp-rematerialize on training steps: cheap elementwise residuals of the
-  # backward pass are recomputed there instead of kept (default: the
-  # target's, from the contract).
-  rematerialize: bool = True
-  # Every rounding in a form XLA keeps (amp-insert-converts strict=true), so
-  # that the compiled program computes exactly what the painted IR says.
-  strict: bool = False
+  values: tuple[tuple[str, Any], ...]
+
+  def __getattr__(self, name: str) -> Any:
+    if name.startswith("__"):
+      raise AttributeError(name)
+    for key, value in object.__getattribute__(self, "values"):
+      if key == name:
+        return value
+    raise AttributeError(f"no rewrite option {name!r} (options: "
+                         f"{', '.join(contract.options())})")
 
   @classmethod
-  def make(cls, *, level: str | None = None, target: str | None = None,
-           dot_result: str | None = None, storage: str | None = None,
-           keep_f32: str | Iterable[str] | None = (),
-           force_compute: str | Iterable[str] | None = (),
-           keep_groups: Iterable[int] = (), fp8_scaling: str | None = None,
-           amax_history: int | None = None,
-           rematerialize: bool | None = None,
-           strict: bool = False) -> "RewriteOptions":
-    pass_name = contract.INSERT_CONVERTS
-    if fp8_scaling is None:
-      fp8_scaling = contract.default(contract.FP8_GEMMS, "scaling")
-    if amax_history is None:
-      amax_history = contract.default(contract.FP8_GEMMS, "amax-history")
-
-    def choice(name: str, value: str | None, target_name: str = "gpu") -> str:
-      option = name.replace("_", "-")
-      if value is None:
-        value = contract.default(pass_name, option)
-      if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
-      return _amp.canonical_choice(option, value, target_name)
-
-    target = choice("target", target or default_target())
-    keep = tuple(_amp.check_op_names(
-        "keep_f32", list(_names(keep_f32, "keep_f32"))))
-    force = tuple(_amp.check_op_names(
-        "force_compute", list(_names(force_compute, "force_compute"))))
-    both = sorted(set(keep) & set(force))
+  def make(cls, **given: Any) -> "RewriteOptions":
+    table = contract.options()
+    accepted = [name for name, spec in table.items() if not spec["internal"]]
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+      raise TypeError(unknown_options_message(unknown, accepted))
+    # The target first: other options' defaults and spellings depend on it.
+    target_name = contract.target_option()
+    target = _amp.canonical_option(
+        target_name, _choice_text(target_name, given.get(target_name) or
+                                  default_target()), "gpu")
+    values = {name: (target if name == target_name else
+                     _checked(name, spec, given.get(name), target))
+              for name, spec in table.items()}
+    both = sorted(set(values["keep_f32"]) & set(values["force_compute"]))
     if both:
       raise ValueError(f"ops named in both keep_f32 and force_compute: "
                        f"{', '.join(both)}")
-    groups = tuple(int(g) for g in keep_groups)
-    if any(g < 0 for g in groups):
-      raise ValueError(f"keep_groups must be non-negative, got {groups}")
-    fp8 = contract.document()["passes"][contract.FP8_GEMMS]["options"]
-    if fp8_scaling not in fp8["scaling"]["choices"]:
-      raise ValueError(f"unknown fp8_scaling {fp8_scaling!r} (accepted: "
-                       f"{', '.join(fp8['scaling']['choices'])})")
-    if not isinstance(amax_history, int) or amax_history < 1:
-      raise ValueError(f"amax_history must be a positive integer, got "
-                       f"{amax_history!r}")
-    if rematerialize is None:
-      rematerialize = contract.document()["passes"][contract.REMATERIALIZE][
-          "target_defaults"][target]
-    if not isinstance(rematerialize, bool):
-      raise TypeError(f"rematerialize must be True or False, got "
-                      f"{rematerialize!r}")
-    if not isinstance(strict, bool):
-      raise TypeError(f"strict must be True or False, got {strict!r}")
-    return cls(level=choice("level", level or "", target), target=target,
-               dot_result=choice("dot_result", dot_result),
-               storage=choice("storage", storage or "", target),
-               keep_f32=keep, force_compute=force, keep_groups=groups,
-               fp8_scaling=fp8_scaling, amax_history=amax_history,
-               rematerialize=rematerialize, strict=strict)
+    return cls(tuple(values.items()))
 
-  def replace(self, **changes) -> "RewriteOptions":
-    return dataclasses.replace(self, **changes)
+  def replace(self, **changes: Any) -> "RewriteOptions":
+    values = dict(self.values)
+    unknown = sorted(set(changes) - set(values))
+    if unknown:
+      raise TypeError(unknown_options_message(unknown, values))
+    values.update(changes)
+    return RewriteOptions(tuple(values.items()))
+
+  def pass_options(self, pass_name: str) -> dict[str, Any]:
+    """The options of `pass_name`, by their pass spellings."""
+    table = contract.options()
+    return {table[name]["option"]: value for name, value in self.values
+            if table[name]["pass"] == pass_name and table[name]["option"]}
+
+  def runs(self, pass_name: str) -> bool:
+    """False when an option switches `pass_name` off (rematerialize=False)."""
+    table = contract.options()
+    return all(value for name, value in self.values
+               if table[name]["pass"] == pass_name and
+               not table[name]["option"])
+
+
+def _choice_text(name: str, value: Any) -> str:
+  if not isinstance(value, str):
+    raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+  return value
+
+
+def _checked(name: str, spec: Mapping[str, Any], value: Any,
+             target: str) -> Any:
+  """`value` of option `name` (None: its default on `target`), checked and
+  in its canonical spelling, by the option's kind in the contract."""
+  if value is None:
+    value = spec.get("target_defaults", {}).get(target, spec["default"])
+  kind = spec["kind"]
+  if kind == "choice":
+    return _amp.canonical_option(name, _choice_text(name, value), target)
+  if kind == "op_names":
+    return tuple(_amp.check_op_names(name, list(_names(value, name))))
+  if kind == "bool":
+    if not isinstance(value, bool):
+      raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+  if kind == "int":
+    if (isinstance(value, bool) or not isinstance(value, int) or
+        value < spec["minimum"]):
+      raise ValueError(f"{name} must be an integer of at least "
+                       f"{spec['minimum']}, got {value!r}")
+    return value
+  if kind == "ints":
+    values = tuple(int(v) for v in (value or ()))
+    if any(v < spec["minimum"] for v in values):
+      raise ValueError(f"{name} must be integers of at least "
+                       f"{spec['minimum']}, got {values}")
+    return values
+  raise AssertionError(f"option {name} has a kind Python does not know: "
+                       f"{kind}")
 
 
 def _pass_text(name: str, options: dict[str, Any]) -> str:
@@ -190,20 +236,21 @@ def build_pipeline(policy: Policy, options: RewriteOptions, *,
   """The pass pipeline `amp.rewrite` and `amp-opt` run; `loss_scale` holds
   the options of an `amp-loss-scale` pass to run after the precision
   rewrite."""
-  fields = dataclasses.asdict(options)
-  fp8_options = dict(gemm=policy.gemm, scaling=fields.pop("fp8_scaling"),
-                     amax_history=fields.pop("amax_history"), report=report)
-  rematerialize = fields.pop("rematerialize")
   insert = _pass_text(contract.INSERT_CONVERTS,
-                      dict(policy=str(policy), **fields, report=report))
+                      dict(policy=str(policy),
+                           **options.pass_options(contract.INSERT_CONVERTS),
+                           report=report))
   if options.level == "O0" and not loss_scale:
     # O0 is the identity: not even the convert cleanup runs.
     return f"builtin.module({insert})"
   passes = [insert]
   if policy.gemm != "compute" and options.level != "O0":
-    passes.append(_pass_text(contract.FP8_GEMMS, fp8_options))
-  if rematerialize and options.level != "O0":
-    passes.append(contract.REMATERIALIZE)
+    passes.append(_pass_text(contract.FP8_GEMMS, dict(
+        gemm=policy.gemm, **options.pass_options(contract.FP8_GEMMS),
+        report=report)))
+  if options.runs(contract.REMATERIALIZE) and options.level != "O0":
+    passes.append(_pass_text(contract.REMATERIALIZE,
+                             options.pass_options(contract.REMATERIALIZE)))
   if loss_scale:
     passes.append(_pass_text(contract.LOSS_SCALE, loss_scale))
   passes.append(contract.SIMPLIFY_CONVERTS)
@@ -506,8 +553,7 @@ def rewrite(mlir_text: str | bytes,
   """Rewrites StableHLO text to `policy` and returns verified pretty text.
 
   Accepts pretty or generic text, bytecode or a portable artifact; `options`
-  are those of `amp-opt` (level, target, dot_result, storage, keep_f32,
-  force_compute).
+  are the rewrite options of `amp.transform` (and `amp-opt`).
 
   >>> import jax, jax.numpy as jnp, stablehlo_amp as amp
   >>> text = jax.jit(lambda w, x: x @ w).lower(

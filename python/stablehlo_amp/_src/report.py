@@ -38,6 +38,9 @@ _FOLLOWERS = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.constant",
                         "stablehlo.iota"})
 # The precision ids the passes write (the contract's).
 LOW, F32, UNCHANGED = contract.precisions()
+# The keys of the report JSON and of each op's record in it (the contract's).
+_KEY = contract.report_keys()
+_OP_KEY = contract.report_op_keys()
 
 
 def _unwrap(segment: str) -> str:
@@ -141,18 +144,19 @@ class Report:
   def from_json(cls, text: str, *, policy: str, level: str,
                 target: str) -> "Report":
     data = json.loads(text)
+    k = _OP_KEY
     decisions = tuple(
-        OpDecision(op=d["op"], precision=d["precision"], reason_id=d["reason"],
-                   loc=d["loc"], detail=d.get("detail", ""),
-                   group=d.get("group"), stored="stored" in d,
-                   gemm=d.get("gemm", ""),
-                   gemm_reason_id=d.get("gemm_reason", ""),
-                   stored_index=d.get("stored"),
-                   fp8_index=d.get("fp8"))
-        for d in data["ops"])
-    return cls(policy, level, target, decisions, data["converts_inserted"],
-               data["converts_total"], data.get("bytes_before", {}),
-               data.get("bytes_after", {}))
+        OpDecision(op=d[k.op], precision=d[k.precision],
+                   reason_id=d[k.reason], loc=d[k.loc],
+                   detail=d.get(k.detail, ""), group=d.get(k.group),
+                   stored=k.stored in d, gemm=d.get(k.gemm, ""),
+                   gemm_reason_id=d.get(k.gemm_reason, ""),
+                   stored_index=d.get(k.stored), fp8_index=d.get(k.fp8))
+        for d in data[_KEY.ops])
+    return cls(policy, level, target, decisions,
+               data[_KEY.converts_inserted], data[_KEY.converts_total],
+               data.get(_KEY.bytes_before, {}),
+               data.get(_KEY.bytes_after, {}))
 
   def with_memory(self, memory: Mapping[str, int]) -> "Report":
     return dataclasses.replace(self, memory=dict(memory))
@@ -230,6 +234,8 @@ class Report:
     return groups
 
   def to_dict(self) -> dict[str, Any]:
+    # Python's own summary (the passes never read it): its keys are this
+    # API's, not the contract's report keys, and stay put if those change.
     return {
         "policy": self.policy, "level": self.level, "target": self.target,
         "lowered": dict(self.lowered), "kept_f32": dict(self.kept_f32),

@@ -158,14 +158,15 @@ class _LossScaledProgram:
   """Common machinery: an outer jit whose trace builds (once per signature)
   the rewritten program and calls it."""
 
-  _extra_options: frozenset = frozenset()
+  # Whether the step carries state across calls (FP8 amax histories), so
+  # that options configuring such state apply.
+  _stateful = False
 
   def __init__(self, fun: Callable, policy: Policy | str, options: dict):
     self.fun = fun
     self.policy = as_policy(policy)
-    known = {"level", "target", "dot_result", "storage", "keep_f32",
-             "force_compute", "rematerialize", "strict"} | self._extra_options
-    unknown = sorted(set(options) - known)
+    accepted = pl.accepted_options(self._stateful)
+    unknown = sorted(set(options) - set(accepted))
     elsewhere = {
         "params": "params= selects the parameter arguments of amp.transform; "
                   "here the parameters are the params pytree (argnums for "
@@ -182,12 +183,8 @@ class _LossScaledProgram:
         raise TypeError(f"{type(self).__name__} does not take {name}=: "
                         f"{elsewhere[name]}")
     if unknown:
-      import difflib
-      nearest = sorted({n for name in unknown for n in
-                        difflib.get_close_matches(name, known, n=2)})
-      raise TypeError(f"unexpected options: {', '.join(unknown)} ("
-                      + (f"nearest: {', '.join(nearest)}; " if nearest else "")
-                      + f"accepted: {', '.join(sorted(known))})")
+      raise TypeError(pl.unknown_options_message(
+          unknown, accepted, pl.accepted_options(stateful=True)))
     self._options = pl.RewriteOptions.make(**options)
     self._programs: dict = {}  # by input signature, for `lower`
     self.rewrite_count = 0
@@ -323,8 +320,7 @@ def value_and_grad(fun: Callable,
   are the parameters (they take the ``p=`` dtype, f64 kept); their other
   leaves get zero gradients of their own dtype. `loss_scale` defaults to
   `DynamicLossScale()` for f16 compute and `NoOpLossScale()` otherwise.
-  `options` are those of `amp.transform` (level, target, keep_f32,
-  force_compute, dot_result, storage).
+  `options` are the rewrite options of `amp.transform`.
 
   >>> import jax.numpy as jnp, stablehlo_amp as amp
   >>> vg = amp.value_and_grad(lambda w, x: jnp.sum((x @ w) ** 2))
@@ -359,14 +355,15 @@ class TrainStep(_LossScaledProgram):
   """`amp.train_step(...)`: ``state = step.init(params)``, then
   ``state, metrics = step(state, batch)``."""
 
-  _extra_options = frozenset({"fp8_scaling", "amax_history"})
+  _stateful = True
 
   def __init__(self, loss_fn: Callable,
                optimizer: "optax.GradientTransformation",
                policy: Policy | str, loss_scale: LossScale | None,
                donate: bool, has_aux: bool, **options):
     super().__init__(loss_fn, policy, options)
-    fp8_options = sorted(set(options) & {"fp8_scaling", "amax_history"})
+    fp8_options = sorted(name for name in options if contract.options()[
+        name]["pass"] == contract.FP8_GEMMS)
     if fp8_options and self.policy.gemm == "compute":
       raise ValueError(
           f"{', '.join(fp8_options)} configure{'s' if len(fp8_options) == 1 else ''} "

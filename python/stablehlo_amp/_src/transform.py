@@ -505,13 +505,8 @@ def transform(fun: Callable,
               donate_argnames: str | Iterable[str] | None = None,
               in_shardings: Any = None, out_shardings: Any = None,
               params: int | str | Iterable[int | str] | None = None,
-              level: str | None = None, target: str | None = None,
-              keep_f32: str | Iterable[str] = (),
-              force_compute: str | Iterable[str] = (),
-              dot_result: str | None = None,
-              storage: str | None = None, calibrate: Any = None,
-              tolerance: float | None = None, error_measure: str = "norm",
-              strict: bool = False) -> Transformed:
+              calibrate: Any = None, tolerance: float | None = None,
+              error_measure: str = "norm", **options: Any) -> Transformed:
   """Rewrites `fun` to a mixed-precision policy; use it like `jax.jit(fun)`.
 
   Args:
@@ -523,15 +518,9 @@ def transform(fun: Callable,
     params: the arguments (positions or names) that are parameters and take
       the ``p=`` dtype; default: every f32 input. Inputs in other dtypes
       (f64, f16, bf16) keep their dtype unless named here.
-    level: ``O0`` (no change) to ``O3`` (every float op in the compute dtype);
-      ``O2`` (default) paints.
-    target: ``cpu``, ``gpu`` or ``tpu``; default: `jax.default_backend()`.
-    keep_f32, force_compute: op names to keep f32 / force into the compute
-      dtype (``"tanh"`` or ``"stablehlo.tanh"``; a string is one name).
-    dot_result: ``"f32"`` (f32 accumulation, default) or ``"compute"``.
-    storage: ``"f32"`` or ``"compute"``: whether large f32 results that are
-      read again later are stored rounded to the compute dtype (default: the
-      target's).
+    options: the rewrite options, by keyword (the passes' own options; a
+      target left out is `jax.default_backend()`):
+OPTIONS
     calibrate, tolerance, error_measure: the accuracy budget (opt in). With
       ``calibrate=True`` the first call's inputs, or with
       ``calibrate=(args...)`` the given ones, are run through the f32 and
@@ -567,9 +556,12 @@ def transform(fun: Callable,
   inherited = jax_compat.jit_options(fun)
   if inherited:
     fun = jax_compat.unwrap_jit(fun)
-  options = pl.RewriteOptions.make(
-      level=level, target=target, dot_result=dot_result, storage=storage,
-      keep_f32=keep_f32, force_compute=force_compute, strict=strict)
+  unknown = sorted(set(options) - set(pl.accepted_options(stateful=False)))
+  if unknown:
+    raise TypeError(pl.unknown_options_message(
+        unknown, pl.accepted_options(stateful=False),
+        pl.accepted_options(stateful=True)))
+  options = pl.RewriteOptions.make(**options)
   params_tuple = None if params is None else prog.as_tuple(params, "params")
   if params_tuple is not None:
     prog.check_params(fun, params_tuple)
@@ -599,3 +591,7 @@ def transform(fun: Callable,
       donate_argnames=merged("donate_argnames", donate_argnames),
       in_shardings=in_shardings, out_shardings=out_shardings,
       calibrate=calibrate, tolerance=tolerance, error_measure=error_measure)
+
+
+transform.__doc__ = transform.__doc__.replace(
+    "OPTIONS", pl.options_help(stateful=False, indent=6))

@@ -1,0 +1,130 @@
+"""The rewrite options come from the contract: every entry point takes the
+same ones, by the same names, checked by the same code, and none of them is
+written in Python. A pass option becomes an option of amp.transform,
+amp.train_step, amp.value_and_grad and amp-opt by one row of the contract's
+entry-option table."""
+
+import inspect
+import re
+
+import jax.numpy as jnp
+import optax
+import pytest
+
+import stablehlo_amp as amp
+from stablehlo_amp._src import cli
+from stablehlo_amp._src import contract
+from stablehlo_amp._src import pipeline as pl
+
+
+def _user_options(stateful: bool) -> list[str]:
+  return [name for name, spec in contract.options().items()
+          if not spec["internal"] and (stateful or not spec["stateful"])]
+
+
+def test_each_entry_option_sets_a_real_pass_option():
+  passes = contract.document()["passes"]
+  for name, spec in contract.options().items():
+    assert spec["pass"] in passes, name
+    # An empty spelling switches the pass on or off.
+    assert not spec["option"] or spec["option"] in passes[spec["pass"]][
+        "options"], name
+    # The help users read is the pass's own description (Passes.td).
+    assert spec["help"], name
+
+
+def test_python_writes_no_option_name():
+  """The entry points take options by keyword and check them against the
+  contract: no signature lists one, so adding one touches no Python."""
+  names = set(contract.options())
+  for entry in (amp.transform, amp.train_step, amp.value_and_grad):
+    parameters = inspect.signature(entry).parameters
+    assert not names & set(parameters), entry.__name__
+    assert any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+
+
+def _loss(w, x):
+  return jnp.sum(jnp.tanh(x @ w))
+
+
+def _example_value(name: str):
+  spec = contract.options()[name]
+  if name == "target":
+    return "cpu"
+  kind = spec["kind"]
+  if kind == "int":
+    return spec["minimum"] + 3
+  if kind == "choice":
+    return spec["choices"][-1]
+  if kind == "op_names":
+    return ["tanh"]
+  assert kind == "bool", kind
+  return True
+
+
+@pytest.mark.parametrize("name", _user_options(stateful=True))
+def test_every_entry_point_takes_the_same_options(name):
+  value = _example_value(name)
+  if name == "force_compute":
+    value = ["exponential"]
+  w, x = jnp.ones((4, 4)), jnp.ones((2, 4))
+  stateful = contract.options()[name]["stateful"]
+  policy = "p=f32,c=bf16,o=f32" + (",gemm=f8" if stateful else "")
+  step = amp.train_step(_loss, optax.sgd(0.1), policy, **{name: value})
+  assert getattr(step._options, name) is not None
+  if stateful:
+    # Only the train step carries the state such an option configures.
+    for make in (lambda: amp.transform(_loss, policy, **{name: value}),
+                 lambda: amp.value_and_grad(_loss, policy, **{name: value})):
+      with pytest.raises(TypeError, match=rf"unexpected options: {name} "
+                         r"\(.*state that only amp.train_step carries"):
+        make()
+    return
+  fast = amp.transform(_loss, policy, **{name: value})
+  assert fast.lower(w, x).report() is not None
+  amp.value_and_grad(_loss, policy, **{name: value})
+  flag = "--" + name.replace("_", "-")
+  assert flag in cli._build_parser().format_help()
+
+
+def test_amp_opt_has_a_flag_for_each_option_and_no_other():
+  text = cli._build_parser().format_help()
+  flags = set(re.findall(r"^  (--[a-z0-9-]+)", text, re.M))
+  options = {"--" + n.replace("_", "-") for n in _user_options(False)}
+  assert options <= flags
+  own = {"--help", "--output", "--policy", "--calibrate", "--tolerance",
+         "--error-measure", "--emit", "--debug-info", "--report",
+         "--split-input-file", "--pass-pipeline", "--version"}
+  assert flags - own == options
+
+
+def test_a_misspelt_option_names_the_nearest_everywhere():
+  for make in (lambda: amp.transform(_loss, storag="f32"),
+               lambda: amp.value_and_grad(_loss, storag="f32"),
+               lambda: amp.train_step(_loss, optax.sgd(0.1), storag="f32"),
+               lambda: pl.RewriteOptions.make(storag="f32")):
+    with pytest.raises(TypeError, match=r"unexpected options: storag "
+                       r"\(nearest: storage; accepted: "):
+      make()
+
+
+def test_a_bad_value_names_the_accepted_ones_everywhere():
+  for make in (lambda: amp.transform(_loss, dot_result="f16"),
+               lambda: amp.train_step(_loss, optax.sgd(0.1),
+                                      dot_result="f16")):
+    with pytest.raises(ValueError, match=r"accepted: f32, compute"):
+      make()
+  assert cli.main(["-", "--dot-result", "f16"]) == 2
+
+
+def test_defaults_follow_the_target():
+  for target in ("cpu", "gpu", "tpu"):
+    options = pl.RewriteOptions.make(target=target)
+    for name, spec in contract.options().items():
+      if "target_defaults" in spec:
+        assert getattr(options, name) == spec["target_defaults"][target]
+
+
+def test_the_docstring_lists_the_options_from_the_contract():
+  for name in _user_options(stateful=False):
+    assert f"``{name}``" in amp.transform.__doc__
