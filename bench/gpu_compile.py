@@ -2,8 +2,10 @@
 without a GPU (JAX's deviceless ahead-of-time compilation), read back.
 
     make gpu-compile                           # the CUDA venv, then this
-    python bench/gpu_compile.py                # H100 target: needs jax[cuda12]
-    python bench/gpu_compile.py --target cpu --size smoke   # XLA:CPU, seconds
+    python -m bench.gpu_compile                # H100 target: needs jax[cuda12]
+    python -m bench.gpu_compile --target cpu --size smoke   # XLA:CPU, seconds
+    python -m bench.gpu_compile --smoke        # the same, the arguments given
+                                               # as on the H100 (see below)
 
 Compiles the LM (4 layers, d_model 1024, 8 heads, seq 512, batch 16, Adam)
 and the MLP (784-4096-4096-10, batch 2048, Adam) training steps, state
@@ -33,6 +35,17 @@ plugin fails in cuInit otherwise), a topology for the H100 target config
 below, a mesh on it, and ShapeDtypeStructs with a NamedSharding on that mesh
 given to `.lower(...)`. The target config is the device description of an
 H100 SXM (80 GB HBM3, CUDA 12.8, cuDNN 9.7).
+
+--smoke (`make bench-smoke`, where there is no CUDA jaxlib) is `--target cpu
+--size smoke` for one variant of each kind (SMOKE_VARIANTS), with the
+arguments of every step given as on the H100: ShapeDtypeStructs with a
+NamedSharding, on a one-device mesh of this machine's CPU. It runs the whole
+script (models, amp.train_step, lowering from sharded ShapeDtypeStructs,
+XLA compile, memory, kernels, what XLA kept of the decisions, the table,
+the JSON; exit status 1 on a lost decision) except what needs CUDA: the
+deviceless H100 topology, the rewrite for target gpu, XLA:GPU (cuBLASLt FP8
+GEMMs: on CPU the FP8 dots are emulated) and the memory goals checked at
+GPU size. Writes bench/results/gpu-compile-smoke.json.
 """
 
 from __future__ import annotations
@@ -75,6 +88,10 @@ device_description_str: "NVIDIA H100 80GB HBM3"
 VARIANTS = ("f32", "ours-bf16", "ours-f16", "ours-bf16-gemm-f8",
             "ours-bf16-storage-f32", "ours-bf16-no-remat", "jmp-style",
             "all-bf16")
+# --smoke: f32 (the baseline), ours with both kinds of decisions XLA must
+# keep (stored values, FP8 GEMMs), and a hand-cast step; `make
+# test-survival` compiles every variant (unsharded).
+SMOKE_VARIANTS = ("f32", "ours-bf16-gemm-f8", "jmp-style")
 OURS = {
     "ours-bf16": ("p=f32,c=bf16,o=f32", {}),
     "ours-f16": ("p=f32,c=f16,o=f32", {}),
@@ -117,17 +134,30 @@ def kernels(hlo_text: str) -> int:
 def _parse(argv):
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--target", default="gpu", choices=("gpu", "cpu"),
-                      help="gpu: deviceless H100 compile; cpu: XLA:CPU here")
+  parser.add_argument("--target", choices=("gpu", "cpu"),
+                      help="gpu (default): deviceless H100 compile; cpu: "
+                      "XLA:CPU here")
   parser.add_argument("--size", default=None, choices=("gpu", "small", "smoke"),
                       help="model sizes (default: gpu for --target gpu, "
                       "small for cpu)")
   parser.add_argument("--models", default="lm,mlp")
-  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument("--variants", help="default: all of "
+                      f"{','.join(VARIANTS)}; --smoke {','.join(SMOKE_VARIANTS)}")
+  parser.add_argument("--smoke", action="store_true",
+                      help="--target cpu --size smoke, arguments with a "
+                      "NamedSharding as for the H100: checks the script "
+                      "without CUDA")
   parser.add_argument("--json", default=None,
                       help="write the results here (default: "
                       "bench/results/gpu-compile[-TARGET-SIZE].json)")
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  if args.smoke and args.target == "gpu":
+    parser.error("--smoke compiles for the CPU (no --target gpu)")
+  args.target = args.target or ("cpu" if args.smoke else "gpu")
+  args.size = args.size or ("smoke" if args.smoke else None)
+  args.variants = args.variants or ",".join(SMOKE_VARIANTS if args.smoke else
+                                            VARIANTS)
+  return args
 
 
 def main(argv=None) -> int:
@@ -135,13 +165,13 @@ def main(argv=None) -> int:
   size = args.size or ("gpu" if args.target == "gpu" else "small")
   # The CUDA plugin must not look for a device.
   os.environ["JAX_PLATFORMS"] = "cpu"
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
   import jax
   import jax.numpy as jnp
   import optax
-  import common
-  import gpu
+
   import stablehlo_amp as amp
+  from bench import common
+  from bench import gpu
 
   configs = gpu.configs(size)
   if args.target == "gpu":
@@ -156,6 +186,9 @@ def main(argv=None) -> int:
             "run with --target cpu", file=sys.stderr)
       return 2
     mesh = topologies.make_mesh(topology, (1,), ("devices",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  elif args.smoke:  # the same kind of argument, on this machine's CPU
+    mesh = jax.sharding.Mesh(jax.devices()[:1], ("devices",))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   else:
     sharding = None
@@ -289,7 +322,8 @@ def main(argv=None) -> int:
                   f"{'met' if ours < by[peer]['total_vs_f32'] else 'MISSED'}")
     results["models"][name] = rows
   path = pathlib.Path(args.json) if args.json else (
-      common.RESULTS / (f"gpu-compile-{args.target}-{size}.json"))
+      common.RESULTS / ("gpu-compile-smoke.json" if args.smoke else
+                        f"gpu-compile-{args.target}-{size}.json"))
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(results, indent=1))
   print(f"\nwrote {path}")

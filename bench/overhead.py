@@ -9,11 +9,13 @@ step; the report (built on demand by Lowered.report()) is timed apart.
 Then the rewrite's share of compile time and the growth exponent of each
 phase against the op count (least squares on log-log).
 
-    python bench/overhead.py                  # rewrite up to ~100k ops,
+    python -m bench.overhead                  # rewrite up to ~100k ops,
                                               # XLA compile up to ~25k ops
-    python bench/overhead.py --max-compile-ops 110000   # compile them all
-    python bench/overhead.py --max-ops 30000  # smaller modules only
-    python bench/overhead.py --quick          # up to ~5k ops, smoke test
+    python -m bench.overhead --max-compile-ops 110000   # compile them all
+    python -m bench.overhead --max-ops 30000  # smaller modules only
+    python -m bench.overhead --quick          # up to ~5k ops
+    python -m bench.overhead --smoke          # 1 and 2 layers (compiles 1),
+                                              # best of 1: checks the script
 
 The share is the rewrite (print, passes, parse and verify, bytecode) over
 XLA's compile of the rewritten step, each the best of --repeats (JAX's
@@ -21,7 +23,10 @@ caches are cleared before each compile). XLA:CPU compile time grows faster
 than linearly with the op count, so by default only modules up to
 --max-compile-ops are compiled; the rewrite is measured at every size.
 
-Writes bench/results/overhead[-quick].json.
+The phases are stablehlo_amp's internals (bench.common.amp_internals):
+the public API times the rewrite as a whole (`Lowered.timings.rewrite`).
+
+Writes bench/results/overhead[-quick|-smoke].json.
 """
 
 from __future__ import annotations
@@ -37,19 +42,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.extend.mlir import ir
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import common  # noqa: E402
-
-import stablehlo_amp as amp  # noqa: E402
-from stablehlo_amp import _amp  # noqa: E402  (the pass runner, for the breakdown)
-from stablehlo_amp._src import jax_compat  # noqa: E402
-from stablehlo_amp._src import pipeline as pl  # noqa: E402
-from jax.extend.mlir import ir  # noqa: E402
+import stablehlo_amp as amp
+from bench import common
 
 POLICY = "p=f32,c=bf16,o=f32"
 FULL_LAYERS = (1, 2, 4, 8, 16, 32, 64, 128, 200)
 QUICK_LAYERS = (1, 2, 4, 8)
+SMOKE_LAYERS = (1, 2)
 
 
 def config_for(layers: int) -> common.lm.Config:
@@ -78,14 +79,15 @@ def count_ops(module: ir.Module) -> int:
 def breakdown(module: ir.Module, repeats: int) -> dict:
   """The rewrite's phases on the module `amp.transform` rewrites (the step
   as `jax.jit(...).lower` emits it), each the best of `repeats`."""
+  internals = common.amp_internals()
   policy = amp.Policy.parse(POLICY)
-  options = pl.RewriteOptions.make(target=pl.default_target())
-  pipeline = pl.build_pipeline(policy, options)
-  report_pipeline = pl.build_pipeline(policy, options, report=True)
+  options = amp.RewriteOptions.make()  # the target JAX runs on here
+  pipeline = internals.build_pipeline(policy, options)
+  report_pipeline = internals.build_pipeline(policy, options, report=True)
   best = {"print": math.inf, "passes": math.inf, "parse_verify": math.inf,
           "to_bytecode": math.inf, "passes_with_report": math.inf,
           "report_python": math.inf, "rewrite_best": math.inf}
-  context = pl.ir_context()
+  context = internals.ir_context()
   with context:
     module = ir.Module.parse(module.operation.get_asm(
         print_generic_op_form=True, enable_debug_info=True), context)
@@ -93,22 +95,22 @@ def breakdown(module: ir.Module, repeats: int) -> dict:
     for _ in range(repeats):
       gc.collect()  # the previous repeat's modules: not this one's cost
       t0 = time.perf_counter()
-      generic = pl.generic_text(module, "overhead")
+      generic = internals.generic_text(module, "overhead")
       t1 = time.perf_counter()
-      ok, output, _, diagnostics = _amp.run_pipeline(generic, pipeline,
-                                                     "overhead", False)
+      ok, output, _, diagnostics = internals.run_pipeline(
+          generic, pipeline, "overhead", False)
       t2 = time.perf_counter()
       if not ok:
         raise RuntimeError("\n".join(diagnostics))
       rewritten = ir.Module.parse(output, context)  # parsing verifies
       t3 = time.perf_counter()
       # The MLIR bytecode the call primitive's lowering inlines.
-      jax_compat.bytecode_of(rewritten)
+      internals.bytecode_of(rewritten)
       t4 = time.perf_counter()
       # The report is built on demand (Lowered.report()): its own pass run
       # with decisions attached, then read in Python.
-      _, _, report_json, _ = _amp.run_pipeline(generic, report_pipeline,
-                                               "overhead", True)
+      _, _, report_json, _ = internals.run_pipeline(
+          generic, report_pipeline, "overhead", True)
       t5 = time.perf_counter()
       report = amp.Report.from_json(report_json, policy=POLICY,
                                     level=options.level, target=options.target)
@@ -177,28 +179,39 @@ def fit_exponent(xs, ys) -> float | None:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--quick", action="store_true")
+  parser.add_argument("--quick", action="store_true",
+                      help=f"depths {','.join(map(str, QUICK_LAYERS))}")
+  parser.add_argument("--smoke", action="store_true",
+                      help=f"depths {','.join(map(str, SMOKE_LAYERS))}, best "
+                      "of 1: checks the script works (not a measurement)")
   parser.add_argument("--max-ops", type=int,
                       help="skip depths whose module would exceed this many "
-                      "ops (default 110000; --quick 6000)")
-  parser.add_argument("--max-compile-ops", type=int, default=25000,
+                      "ops (default 110000; --quick, --smoke 6000)")
+  parser.add_argument("--max-compile-ops", type=int,
                       help="XLA-compile only modules up to this many ops "
-                      "(default 25000)")
+                      "(default 25000; --smoke 1500: 1 layer)")
   parser.add_argument("--layers", help="comma-separated depths (default "
                       f"{','.join(map(str, FULL_LAYERS))})")
-  parser.add_argument("--repeats", type=int, default=3,
-                      help="best-of for the rewrite phases")
-  parser.add_argument("--json")
+  parser.add_argument("--repeats", type=int,
+                      help="best-of for the rewrite phases and XLA compile "
+                      "(default 3; --smoke 1)")
+  parser.add_argument("--json", help="default bench/results/overhead"
+                      "[-quick|-smoke].json")
   args = parser.parse_args(argv)
-  max_ops = args.max_ops or (6000 if args.quick else 110_000)
+  args.repeats = args.repeats or (1 if args.smoke else 3)
+  if args.max_compile_ops is None:
+    args.max_compile_ops = 1500 if args.smoke else 25000
+  max_ops = args.max_ops or (6000 if args.quick or args.smoke else 110_000)
   layers = ([int(x) for x in args.layers.split(",")] if args.layers else
+            SMOKE_LAYERS if args.smoke else
             QUICK_LAYERS if args.quick else FULL_LAYERS)
   env = common.environment()
   print(f"overhead: backend {env['backend']}, jax {env['jax']}, "
         f"{env['cpu_count']} CPUs, load {env['loadavg']}; policy {POLICY}; "
         f"max {max_ops:,} ops")
   json_path = (common.pathlib.Path(args.json) if args.json else
-               common.RESULTS / ("overhead-quick.json" if args.quick else
+               common.RESULTS / ("overhead-smoke.json" if args.smoke else
+                                 "overhead-quick.json" if args.quick else
                                  "overhead.json"))
   rows = []
   per_layer = None
@@ -208,8 +221,11 @@ def main(argv=None) -> int:
             f"{rows[0]['ops'] + per_layer * (depth - rows[0]['layers']):,.0f}"
             f" ops > --max-ops {max_ops:,})")
       continue
+    # Ops of this depth: a line through the first two depths measured, or
+    # proportional to the first (0 for the first: it always compiles).
     estimate = (rows[0]["ops"] + per_layer * (depth - rows[0]["layers"])
-                if per_layer else 0)
+                if per_layer else
+                rows[0]["ops"] * depth / rows[0]["layers"] if rows else 0)
     row = measure(depth, args.repeats, estimate <= args.max_compile_ops)
     rows.append(row)
     if len(rows) >= 2:

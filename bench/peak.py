@@ -1,9 +1,10 @@
 """What XLA keeps live at the memory peak of a training step, by dtype and
 by the op that made each value.
 
-    python bench/peak.py                       # LM: f32, ours bf16, storage=f32
-    python bench/peak.py --model mlp --variants f32,ours-bf16,all-bf16
-    python bench/peak.py --no-donate --top 40
+    python -m bench.peak                       # LM: f32, ours bf16, storage=f32
+    python -m bench.peak --model mlp --variants f32,ours-bf16,all-bf16
+    python -m bench.peak --no-donate --top 40
+    python -m bench.peak --smoke               # tiny LM: checks the script
 
 Builds the variants as bench/peers.py does (state donated unless
 --no-donate), compiles each with XLA's dumps on (--xla_dump_to, text), and
@@ -19,7 +20,7 @@ holds a bf16/f16 -> f32 convert is an "f32 copy of a low-precision value"
 "rounded" (our storage converts, or the operand converts of a dot).
 
 Prints, per variant, the groups (MiB, values, dtype) and one table of all
-variants side by side; writes bench/results/peak[-MODEL].json.
+variants side by side; writes bench/results/peak-MODEL[-smoke].json.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ import argparse
 import collections
 import pathlib
 import re
+import shutil
 import sys
 import tempfile
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import common  # noqa: E402
-import peers  # noqa: E402
+from bench import common
+from bench import peers
 
 # Computation headers, instructions and calls: common's HLO patterns.
 _OPERAND = re.compile(r"%([\w.\-]+)")
@@ -355,18 +356,26 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", default="lm", choices=("lm", "mlp"))
-  parser.add_argument("--variants",
-                      default="f32,ours-bf16,ours-bf16-storage-f32")
+  parser.add_argument("--variants", help="default f32,ours-bf16,"
+                      "ours-bf16-storage-f32; --smoke f32,ours-bf16")
   parser.add_argument("--no-donate", action="store_true")
   parser.add_argument("--top", type=int, default=25,
                       help="groups printed per variant")
   parser.add_argument("--dump", help="keep XLA's dumps here (default: a "
                       "temporary directory)")
-  parser.add_argument("--json", help="default bench/results/peak-MODEL.json")
+  parser.add_argument("--smoke", action="store_true",
+                      help="the tiny --smoke model, its dumps deleted "
+                      "afterwards: checks the script works")
+  parser.add_argument("--json", help="default bench/results/peak-MODEL"
+                      "[-smoke].json")
   args = parser.parse_args(argv)
+  args.variants = args.variants or ("f32,ours-bf16" if args.smoke else
+                                    "f32,ours-bf16,ours-bf16-storage-f32")
   donate = not args.no_donate
-  model = (common.make_lm(common.LMConfig()) if args.model == "lm" else
-           common.make_mlp(common.MLPConfig()))
+  configs = (common.smoke_configs() if args.smoke else
+             {"lm": common.LMConfig(), "mlp": common.MLPConfig()})
+  model = (common.make_lm(configs["lm"]) if args.model == "lm" else
+           common.make_mlp(configs["mlp"]))
   import jax
   host = next(model.train)
   batch = jax.device_put(host)
@@ -414,8 +423,13 @@ def main(argv=None) -> int:
                                         for n in names) + " |")
   path = common.write_json(
       pathlib.Path(args.json) if args.json else
-      common.RESULTS / f"peak-{args.model}.json", results)
-  print(f"\nwrote {path} (dumps in {root})")
+      common.RESULTS / f"peak-{args.model}{'-smoke' if args.smoke else ''}.json",
+      results)
+  if args.smoke and not args.dump:
+    shutil.rmtree(root)
+    print(f"\nwrote {path}")
+  else:
+    print(f"\nwrote {path} (dumps in {root})")
   return 0
 
 

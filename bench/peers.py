@@ -6,11 +6,12 @@ parameters in one process, interleaved step by step on the same batches
 (shared, noisy machines: read the ratios, not the absolute times). Every
 step donates its state (parameters, optimizer and loss-scale state), as a
 real training loop does; --no-donate keeps it. Prints one markdown table per
-model and writes bench/results/peers[-quick].json.
+model and writes bench/results/peers[-quick|-smoke].json.
 
-    python bench/peers.py            # 100 steps x 3 seeds
-    python bench/peers.py --quick    # 10 steps, 1 seed: a smoke test
-    python bench/peers.py --variants f32,ours-bf16,jmp-bf16 --models lm
+    python -m bench.peers            # 100 steps x 3 seeds
+    python -m bench.peers --quick    # 10 steps, 1 seed
+    python -m bench.peers --smoke    # tiny models, 2 steps: checks the script
+    python -m bench.peers --variants f32,ours-bf16,jmp-bf16 --models lm
 
 A seed picks the initial parameters and the order of the training batches;
 the held-out batches are the same for every seed. The held-out loss of each
@@ -53,11 +54,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-import common  # noqa: E402
+from bench import common
 
 DEFAULT_VARIANTS = ("f32", "ours-bf16", "ours-bf16-storage-f32", "ours-f16",
                     "jmp-bf16", "jmp-f16", "mpx-bf16", "mpx-f16", "all-bf16")
+# --smoke: one variant per builder (jmp and MPX are skipped, with a line
+# saying so, where bench/requirements.txt is not installed).
+SMOKE_VARIANTS = ("f32", "ours-f16", "ours-bf16-transform", "jmp-f16",
+                  "mpx-bf16", "all-bf16")
 LABELS = {
     "f32": "f32",
     "ours-bf16": "ours bf16 (train_step)",
@@ -129,13 +133,6 @@ def build_f32(model: common.Model, batch, bf16: bool = False,
                     batch, donate, lambda s: s[0], batch_cast=cast)
 
 
-def _lowered_stablehlo(lowered) -> str:
-  # What XLA compiles: the outer jit module with the rewritten module called
-  # from it (same converts as `lowered.as_text()` when p=f32).
-  inner = getattr(lowered, "_jax_lowered", None)
-  return inner.as_text() if inner is not None else lowered.as_text()
-
-
 def _amp():
   try:
     import stablehlo_amp as amp
@@ -147,10 +144,8 @@ def _amp():
 def build_ours(model: common.Model, batch, name: str, policy: str,
                dynamic: bool, target: str | None = None,
                storage: str | None = None, level: str | None = None,
-               donate: bool = True, make_step=None,
+               donate: bool = True,
                scaling: str | None = None) -> common.Built:
-  """`make_step(model, policy, options)` replaces amp.train_step (bench/
-  storage_rules.py hands in steps whose rewritten module it edited)."""
   amp = _amp()
   options = {"target": target} if target else {}
   if storage:
@@ -162,11 +157,8 @@ def build_ours(model: common.Model, batch, name: str, policy: str,
   options["loss_scale"] = amp.DynamicLossScale() if dynamic else None
   options["donate"] = donate
 
-  if make_step is None:
-    step = amp.train_step(lambda p, b: model.loss(p, b), model.optimizer,
-                          policy, **options)
-  else:
-    step = make_step(model, policy, options)
+  step = amp.train_step(lambda p, b: model.loss(p, b), model.optimizer,
+                        policy, **options)
   # A donating step's init copies what the step consumes (parameters and
   # loss-scale state), so each seed's state is its own.
   def init(params):
@@ -207,7 +199,7 @@ def build_ours(model: common.Model, batch, name: str, policy: str,
                                  report.kept_f32_reasons.items()}
                                 if report else None)}
   built = common.Built(name, LABELS[name], state, run, lambda s: s.params,
-                       compiled, _lowered_stablehlo(lowered), seconds, notes,
+                       compiled, lowered.as_text(), seconds, notes,
                        init=init, donated=donate)
   built.final_notes = lambda s: {"loss_scale": float(s.loss_scale.loss_scale)}
   return built
@@ -243,7 +235,7 @@ def build_ours_transform(model: common.Model, batch, policy: str,
            "converts_inserted": report.converts_inserted if report else None}
   return common.Built("ours-bf16-transform", LABELS["ours-bf16-transform"],
                       state, run, lambda s: s[0], compiled,
-                      _lowered_stablehlo(lowered), seconds, notes, init=init,
+                      lowered.as_text(), seconds, notes, init=init,
                       donated=donate)
 
 
@@ -566,7 +558,10 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--quick", action="store_true",
-                      help="10 steps, 2 warm-up steps, 1 seed: a smoke test")
+                      help="10 steps, 2 warm-up steps, 1 seed")
+  parser.add_argument("--smoke", action="store_true",
+                      help="tiny models, 2 steps, 1 warm-up step, 1 seed: "
+                      "checks the script works (not a measurement)")
   parser.add_argument("--steps", type=int, help="training steps per seed "
                       "(default 100)")
   parser.add_argument("--warmup", type=int,
@@ -577,16 +572,21 @@ def main(argv=None) -> int:
                       help="keep the state (every variant): the step "
                       "allocates new buffers for it")
   parser.add_argument("--models", default="lm,mlp")
-  parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
+  parser.add_argument("--variants", help="default "
+                      f"{','.join(DEFAULT_VARIANTS)}; --smoke "
+                      f"{','.join(SMOKE_VARIANTS)}")
   parser.add_argument("--json", help="output path (default "
-                      "bench/results/peers[-quick].json)")
+                      "bench/results/peers[-quick|-smoke].json)")
   args = parser.parse_args(argv)
-  steps = args.steps or (10 if args.quick else 100)
-  warmup = args.warmup if args.warmup is not None else (2 if args.quick else 5)
-  seeds = [int(x) for x in (args.seeds or ("0" if args.quick else "0,1,2"))
+  short = args.quick or args.smoke
+  steps = args.steps or (2 if args.smoke else 10 if args.quick else 100)
+  warmup = args.warmup if args.warmup is not None else (
+      1 if args.smoke else 2 if args.quick else 5)
+  seeds = [int(x) for x in (args.seeds or ("0" if short else "0,1,2"))
            .split(",") if x]
   donate = not args.no_donate
-  variants = [v for v in args.variants.split(",") if v]
+  variants = [v for v in (args.variants or ",".join(
+      SMOKE_VARIANTS if args.smoke else DEFAULT_VARIANTS)).split(",") if v]
   env = common.environment()
   print(f"peers: backend {env['backend']} ({env['device_kind']}), jax "
         f"{env['jax']}, {env['cpu_count']} CPUs, load {env['loadavg']}; "
@@ -595,9 +595,10 @@ def main(argv=None) -> int:
   results = {"benchmark": "peers", "environment": env, "steps": steps,
              "seeds": seeds, "donated": donate, "variants": variants,
              "models": {}}
-  makers = {"lm": lambda seed: common.make_lm(common.LMConfig(), seed=seed),
-            "mlp": lambda seed: common.make_mlp(common.MLPConfig(),
-                                                seed=seed)}
+  configs = (common.smoke_configs() if args.smoke else
+             {"lm": common.LMConfig(), "mlp": common.MLPConfig()})
+  makers = {"lm": lambda seed: common.make_lm(configs["lm"], seed=seed),
+            "mlp": lambda seed: common.make_mlp(configs["mlp"], seed=seed)}
   for name in args.models.split(","):
     print(f"\n## {makers[name](seeds[0]).description}")
     result = bench_model(makers[name], variants, steps, warmup, seeds,
@@ -611,7 +612,8 @@ def main(argv=None) -> int:
   results["environment_end"] = {"loadavg": common.environment()["loadavg"]}
   path = common.write_json(
       common.pathlib.Path(args.json) if args.json else
-      common.RESULTS / ("peers-quick.json" if args.quick else "peers.json"),
+      common.RESULTS / ("peers-smoke.json" if args.smoke else
+                        "peers-quick.json" if args.quick else "peers.json"),
       results)
   print(f"\nwrote {path}")
   return 0

@@ -4,35 +4,43 @@ training steps of 1 to 200 layers (about 1k to 100k ops).
 Each size is lowered here, written to a file, and rewritten in a fresh
 subprocess whose peak RSS before and after the rewrite gives the memory the
 rewrite needed (jaxlib parse + print, C++ parse + passes + print, jaxlib
-parse + verify).
+parse + verify). The subprocess parses the module first, in the context
+with JAX's dialects (bench.common.amp_internals), so that the parse is not
+part of the figures.
 
-    python bench/rewrite_scale.py [--layers 1,4,16,64,200]
+    python -m bench.rewrite_scale [--layers 1,4,16,64,200]
+    python -m bench.rewrite_scale --smoke    # 1 and 2 layers: checks the script
+
+Writes bench/results/rewrite_scale[-smoke].json.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
-import pathlib
 import math
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
 
+from bench import common
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHILD = r"""
 import os, sys, threading, time
+from jax.extend.mlir import ir
 import stablehlo_amp as amp
-from stablehlo_amp._src import pipeline as pl
+from bench import common
 PAGE = os.sysconf("SC_PAGE_SIZE")
 def rss():
   with open("/proc/self/statm") as f:
     return int(f.read().split()[1]) * PAGE
 text = open(sys.argv[1]).read()
-context = pl.ir_context()
+context = common.amp_internals().ir_context()
 with context:
-  module = pl.parse_module(text, context)
+  module = ir.Module.parse(text, context)
   base = peak = rss()
   done = False
   def sample():
@@ -59,15 +67,18 @@ def count_ops(text: str) -> int:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--layers", default="1,4,16,64,200")
-  parser.add_argument("--json", default="bench/results/rewrite_scale.json")
+  parser = argparse.ArgumentParser(
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--layers", help="default 1,4,16,64,200; --smoke 1,2")
+  parser.add_argument("--smoke", action="store_true",
+                      help="checks the script works (not a measurement)")
+  parser.add_argument("--json", help="default bench/results/"
+                      "rewrite_scale[-smoke].json")
   args = parser.parse_args(argv)
+  args.layers = args.layers or ("1,2" if args.smoke else "1,4,16,64,200")
   import jax
   import jax.numpy as jnp
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                  "..", "examples"))
-  import lm
+  lm = common.lm  # examples/lm.py
   rows = []
   print("| layers | ops | rewrite s | peak memory of the rewrite (MiB) | "
         "process RSS before (MiB) |\n|---|---|---|---|---|")
@@ -80,8 +91,12 @@ def main(argv=None) -> int:
         params, opt_state, batch).as_text()
     with tempfile.NamedTemporaryFile("w", suffix=".mlir", delete=False) as f:
       f.write(text)
+    # From the repository root, where `bench` imports.
     out = subprocess.run([sys.executable, "-c", CHILD, f.name],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+      raise SystemExit(f"the rewrite of {layers} layers failed:\n"
+                       f"{out.stderr}")
     os.unlink(f.name)
     seconds, peak_mib, base_mib = map(float, out.stdout.split()[-3:])
     ops = count_ops(text)
@@ -99,10 +114,11 @@ def main(argv=None) -> int:
   growth = {"time": exponent("rewrite_s"), "memory": exponent("peak_mib")}
   print(f"\ngrowth exponents (log-log fit): time {growth['time']:.2f}, "
         f"memory {growth['memory']:.2f}")
-  os.makedirs(os.path.dirname(args.json), exist_ok=True)
-  pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-  with open(args.json, "w") as f:
-    json.dump({"rows": rows, "growth": growth}, f, indent=1)
+  path = common.write_json(
+      pathlib.Path(args.json) if args.json else common.RESULTS /
+      ("rewrite_scale-smoke.json" if args.smoke else "rewrite_scale.json"),
+      {"rows": rows, "growth": growth})
+  print(f"\nwrote {path}")
   return 0
 
 
