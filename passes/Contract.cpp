@@ -367,6 +367,8 @@ const EntryOption kEntryOptions[] = {
      OptionKind::OpNames},
     {"keep_groups", "amp-insert-converts", "keep-groups", OptionKind::Ints,
      false, /*internal=*/true},
+    {"storage_min_elements", "amp-insert-converts", "storage-min-elements",
+     OptionKind::Int, false, false, false, nullptr, nullptr, /*minimum=*/1},
     {"strict", "amp-insert-converts", "strict", OptionKind::Bool},
     {"rematerialize", "amp-rematerialize", "", OptionKind::Bool, false, false,
      false, nullptr, rematerializeDefault, 0,
@@ -474,6 +476,7 @@ llvm::json::Object passesJson() {
       {"keep-f32", option(llvm::json::Array())},
       {"force-compute", option(llvm::json::Array())},
       {"keep-groups", option(llvm::json::Array())},
+      {"storage-min-elements", option(convert.storageMinElements)},
       {"strict", option(convert.strict)},
       {"report", option(convert.report)},
   };

@@ -449,6 +449,11 @@ llvm::Error InsertConvertsPass::parseOptions() {
                                      "' is named in both keep-f32 and "
                                      "force-compute");
   parsed.strict = strict;
+  if (storageMinElements < 1)
+    return llvm::createStringError(
+        "invalid option 'storage-min-elements': must be at least 1, got " +
+        std::to_string(storageMinElements));
+  parsed.storageMinElements = storageMinElements;
   for (int64_t group : keepGroups) {
     if (group < 0)
       return llvm::createStringError(

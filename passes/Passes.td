@@ -80,7 +80,8 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
     dtype right after its producer and read back in f32 by its f32 readers;
     XLA fuses both converts, and keeps only the rounded buffer when no reader
     reads the f32 original (measured on XLA:CPU). A value is stored low when
-    it has at least 4096 elements, is made by arithmetic (a dot, a
+    it has at least `storage-min-elements` elements (4096 by default), is
+    made by arithmetic (a dot, a
     transcendental or elementwise arithmetic; not data movement, which
     follows its operand), is not a statistic (a reduction's result, or what
     elementwise arithmetic makes of statistics and constants alone: mean,
@@ -201,6 +202,9 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
                "Op names forced into the compute dtype">,
     ListOption<"keepGroups", "keep-groups", "int64_t",
                "Calibration groups (numbers from the report) kept in f32">,
+    Option<"storageMinElements", "storage-min-elements", "int64_t", "4096",
+           "Results with fewer elements keep f32 storage (per-row statistics "
+           "and scalars cost nothing to keep)">,
     Option<"strict", "strict", "bool", "false",
            "Every rounding in a form XLA keeps: low-precision elementwise "
            "results stay f32, rounded by reduce_precision (see the "

@@ -19,12 +19,6 @@
 using namespace mlir;
 using namespace mlir::amp;
 
-namespace {
-/// Values smaller than this are never stored low: per-row statistics and
-/// scalars cost nothing to keep in f32 (see Passes.td).
-constexpr int64_t kStorageMinElements = 4096;
-} // namespace
-
 PrecisionAnalysis::PrecisionAnalysis(ModuleOp module,
                                      const PrecisionOptions &options)
     : opts(options) {
@@ -582,7 +576,7 @@ bool PrecisionAnalysis::mayStoreLow(
   const OpDecision &d = decision(producer);
   // Large: per-row statistics and scalars stay f32.
   std::optional<int64_t> elements = shlo::numElements(value.getType());
-  if (!elements || *elements < kStorageMinElements ||
+  if (!elements || *elements < opts.storageMinElements ||
       statistics.contains(value))
     return false;
   // Made by f32 arithmetic (data movement follows its operand; reductions

@@ -32,6 +32,8 @@ struct PrecisionOptions {
   Target target = kDefaultTarget;
   DotResult dotResult = kDefaultDotResult;
   Storage storage = Storage::F32;
+  /// Smaller values are never stored low (see Passes.td, storage).
+  int64_t storageMinElements = 4096;
   llvm::StringSet<> keepF32, forceCompute;
   /// Calibration groups kept in f32 (see `OpDecision::group`).
   llvm::DenseSet<int64_t> keepGroups;

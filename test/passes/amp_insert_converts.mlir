@@ -8,6 +8,10 @@
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true})' | FileCheck %s --check-prefix=REPORT
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu keep-groups=0})' | FileCheck %s --check-prefix=GROUPS
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu level=O3 strict=true})' | FileCheck %s --check-prefix=STRICT
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu storage-min-elements=8192})' | FileCheck %s --check-prefix=MIN-AT
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu storage-min-elements=8193})' | FileCheck %s --check-prefix=MIN-ABOVE
+// RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{storage-min-elements=0})' 2>&1 | FileCheck %s --check-prefix=MIN-BAD
+// MIN-BAD: error: invalid option 'storage-min-elements': must be at least 1, got 0
 //
 // Unknown op names in keep-f32/force-compute are errors naming the nearest
 // known ops.
@@ -49,6 +53,16 @@
 // REPORT-LABEL: func.func public @storage(
 // REPORT: stablehlo.dot_general {{.*}}amp.decision = {group = 0 : i64, precision = "low", reason = "matrix_multiply"}
 // REPORT: stablehlo.exponential {{.*}}amp.decision = {detail = "transcendental or statistic", precision = "f32", reason = "numerically_sensitive", stored = 0 : i64}
+
+// storage-min-elements: exp's 64x128 = 8192 elements are stored at a
+// threshold of 8192 and kept f32 above it.
+// MIN-AT-LABEL: func.func public @storage(
+// MIN-AT: %[[E:.*]] = stablehlo.exponential
+// MIN-AT-NEXT: stablehlo.convert %[[E]] {mhlo.frontend_attributes = {amp_stored = "{{[0-9]+}}"}} : (tensor<64x128xf32>) -> tensor<64x128xbf16>
+// MIN-ABOVE-LABEL: func.func public @storage(
+// MIN-ABOVE: %[[E:.*]] = stablehlo.exponential
+// MIN-ABOVE-NOT: amp_stored
+// MIN-ABOVE: stablehlo.multiply %[[E]], %{{.*}} : tensor<64x128xf32>
 
 // GROUPS-LABEL: func.func public @storage(
 // GROUPS: stablehlo.dot_general %arg0, %arg1, {{.*}} : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>

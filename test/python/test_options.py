@@ -128,3 +128,35 @@ def test_defaults_follow_the_target():
 def test_the_docstring_lists_the_options_from_the_contract():
   for name in _user_options(stateful=False):
     assert f"``{name}``" in amp.transform.__doc__
+
+
+def _stored_across_a_dot(x, w1, w2):
+  e = jnp.exp(x @ w1)  # read again across the second dot: stored low
+  return e * (x @ w2)
+
+
+def test_storage_min_elements_reaches_the_pass_from_every_entry_point(
+    tmp_path):
+  """The option added by one row of the contract: 64x128 = 8192 elements
+  are stored at the default threshold and at 8192, not above."""
+  args = (jnp.ones((64, 64)), jnp.ones((64, 128)), jnp.ones((64, 128)))
+
+  def stored(**options) -> int:
+    report = amp.transform(_stored_across_a_dot, target="gpu",
+                           **options).lower(*args).report()
+    return sum(d.stored for d in report.decisions)
+  assert stored() == 1
+  assert stored(storage_min_elements=8192) == 1
+  assert stored(storage_min_elements=8193) == 0
+  with pytest.raises(ValueError, match="storage_min_elements must be an "
+                     "integer of at least 1, got 0"):
+    amp.transform(_stored_across_a_dot, storage_min_elements=0)
+
+  import jax
+  source = tmp_path / "storage.mlir"
+  source.write_text(jax.jit(_stored_across_a_dot).lower(*args).as_text())
+  for threshold, expected in (("8192", 1), ("8193", 0)):
+    out = tmp_path / f"out-{threshold}.mlir"
+    assert cli.main([str(source), "--target", "gpu", "--storage-min-elements",
+                     threshold, "-o", str(out)]) == 0
+    assert out.read_text().count("amp_stored") == expected
