@@ -733,13 +733,27 @@ def test_f64_calls_inside_bodies_unchanged(spec, parent):
 # resource constants get (the same before and after).
 
 def _plugin_and_mlir_opt() -> tuple[str, str]:
+  """mlir-opt and the pass plugin; without them the plugin tests skip, or
+  fail where test dependencies are required (AMP_REQUIRE_TEST_DEPS=1, as
+  in `make test` and CI: see conftest.py), so CI cannot pass them by
+  skipping."""
   import pathlib
   import shutil
+  import conftest
   plugin = os.environ.get("AMP_PASS_PLUGIN") or str(
       pathlib.Path(amp.__file__).parent / "AmpPassPlugin.so")
   mlir_opt = shutil.which("mlir-opt-22") or shutil.which("mlir-opt")
-  if not mlir_opt or not os.path.exists(plugin):
-    pytest.skip("needs mlir-opt and the pass plugin")
+  missing = ([] if mlir_opt else ["mlir-opt (mlir-opt-22 or mlir-opt on "
+                                  "PATH)"]) + (
+      [] if os.path.exists(plugin) else [f"the pass plugin {plugin}"])
+  if missing:
+    message = f"needs {' and '.join(missing)}"
+    if conftest.REQUIRE_TEST_DEPS:
+      pytest.fail(f"test dependency missing: {message} "
+                  "(AMP_REQUIRE_TEST_DEPS is set: install LLVM 22's "
+                  "mlir-opt and build the plugin, or unset it to skip these "
+                  "tests)", pytrace=False)
+    pytest.skip(message)
   return mlir_opt, plugin
 
 
