@@ -144,8 +144,8 @@ def _amp():
 def build_ours(model: common.Model, batch, name: str, policy: str,
                dynamic: bool, target: str | None = None,
                storage: str | None = None, level: str | None = None,
-               donate: bool = True,
-               scaling: str | None = None) -> common.Built:
+               donate: bool = True, scaling: str | None = None,
+               rounding: str | None = None) -> common.Built:
   amp = _amp()
   options = {"target": target} if target else {}
   if storage:
@@ -154,6 +154,8 @@ def build_ours(model: common.Model, batch, name: str, policy: str,
     options["level"] = level
   if scaling:
     options["fp8_scaling"] = scaling
+  if rounding:
+    options["update_rounding"] = rounding
   options["loss_scale"] = amp.DynamicLossScale() if dynamic else None
   options["donate"] = donate
 
@@ -333,13 +335,15 @@ def build_mpx(model: common.Model, batch, half,
 
 _OURS_KEYS = {"storage": ("f32", "compute"), "level": ("O1", "O2", "O3"),
               "gemm": ("f8", "f8e4m3fn", "f8e5m2"),
-              "scaling": ("current", "delayed")}
+              "scaling": ("current", "delayed"), "params": ("bf16",),
+              "rounding": ("nearest", "stochastic")}
 
 
 def _ours_options(variant: str) -> dict:
-  """`ours-{bf16,f16}[-storage-X][-level-X][-gemm-X][-scaling-X]`: the
-  options of amp.train_step a variant name asks for (`gemm` goes into the
-  policy, `scaling` is `fp8_scaling`)."""
+  """`ours-{bf16,f16}[-storage-X][-level-X][-gemm-X][-scaling-X]
+  [-params-bf16][-rounding-X]`: the options of amp.train_step a variant
+  name asks for (`gemm` and `params` go into the policy, `scaling` is
+  `fp8_scaling`, `rounding` is `update_rounding`)."""
   parts = variant.split("-")[2:]
   options = {}
   while parts:
@@ -397,6 +401,8 @@ def build(variant: str, model: common.Model, batch,
     policy = "p=f32,c=f16,o=f32" if f16 else "p=f32,c=bf16,o=f32"
     if "gemm" in options:
       policy += ",gemm=" + options.pop("gemm")
+    if "params" in options:
+      policy = policy.replace("p=f32", "p=" + options.pop("params"), 1)
     return build_ours(model, batch, variant, policy, f16, target,
                       donate=donate, **options)
   if variant == "ours-bf16-transform":

@@ -283,6 +283,28 @@ llvm::StringRef mlir::amp::fp8IneligibilityText(Fp8Ineligibility why) {
 //===----------------------------------------------------------------------===//
 
 //===----------------------------------------------------------------------===//
+// State rounding
+//===----------------------------------------------------------------------===//
+
+namespace {
+constexpr llvm::StringRef kUpdateRoundingNames[] = {"nearest", "stochastic"};
+} // namespace
+
+llvm::ArrayRef<llvm::StringRef> mlir::amp::updateRoundingNames() {
+  return kUpdateRoundingNames;
+}
+
+llvm::Expected<UpdateRounding>
+mlir::amp::parseUpdateRounding(llvm::StringRef text) {
+  if (text.trim() == "nearest")
+    return UpdateRounding::Nearest;
+  if (text.trim() == "stochastic")
+    return UpdateRounding::Stochastic;
+  return llvm::createStringError("unknown update rounding '" + text +
+                                 "' (accepted: nearest, stochastic)");
+}
+
+//===----------------------------------------------------------------------===//
 // Entry-point options
 //===----------------------------------------------------------------------===//
 
@@ -322,6 +344,14 @@ llvm::Expected<std::string> canonicalFp8Scaling(llvm::StringRef value,
       return name.str();
   return llvm::createStringError("unknown fp8_scaling '" + value +
                                  "' (accepted: current, delayed)");
+}
+
+llvm::Expected<std::string> canonicalUpdateRounding(llvm::StringRef value,
+                                                    Target) {
+  llvm::Expected<UpdateRounding> parsed = parseUpdateRounding(value);
+  if (!parsed)
+    return parsed.takeError();
+  return kUpdateRoundingNames[static_cast<int>(*parsed)].str();
 }
 
 llvm::json::Value levelDefault(Target target) {
@@ -378,6 +408,8 @@ const EntryOption kEntryOptions[] = {
      /*stateful=*/true, false, false, canonicalFp8Scaling},
     {"amax_history", "amp-fp8-gemms", "amax-history", OptionKind::Int,
      /*stateful=*/true, false, false, nullptr, nullptr, /*minimum=*/1},
+    {"update_rounding", "amp-round-state", "rounding", OptionKind::Choice,
+     /*stateful=*/true, false, false, canonicalUpdateRounding},
 };
 
 llvm::StringRef kindName(OptionKind kind) {
@@ -492,6 +524,10 @@ llvm::json::Object passesJson() {
       {"min-elements", option(remat.minElements)},
       {"max-ops", option(remat.maxOps)},
   };
+  AmpRoundStatePassOptions roundState;
+  llvm::json::Object roundStateOptions{
+      {"rounding", option(roundState.rounding, updateRoundingNames())},
+  };
   llvm::json::Object lossScale{
       {"mode", option(scale.mode, lossScaleModeNames())},
       {"seed-arg", option(scale.seedArg)},
@@ -512,6 +548,8 @@ llvm::json::Object passesJson() {
       {"amp-rematerialize",
        llvm::json::Object{{"options", std::move(rematerialize)},
                           {"target_defaults", std::move(rematDefaults)}}},
+      {"amp-round-state",
+       llvm::json::Object{{"options", std::move(roundStateOptions)}}},
       {"amp-loss-scale", llvm::json::Object{{"options", std::move(lossScale)}}},
       {"amp-simplify-converts", llvm::json::Object{{"options",
                                                     llvm::json::Object{}}}},
@@ -631,6 +669,7 @@ std::string mlir::amp::contractJson() {
       {"loss_scale", attr::kLossScale},
       {"loss_scale_counter", attr::kLossScaleCounter},
       {"grads_finite", attr::kGradsFinite},
+      {"rounding_key", attr::kRoundingKey},
       {"decision", attr::kDecision},
       {"cotangent", attr::kCotangent},
       {"amax_history", attr::kAmaxHistory},

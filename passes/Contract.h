@@ -55,6 +55,9 @@ inline constexpr llvm::StringLiteral kLossScale = "amp.loss_scale";
 inline constexpr llvm::StringLiteral kLossScaleCounter =
     "amp.loss_scale_counter";
 inline constexpr llvm::StringLiteral kGradsFinite = "amp.grads_finite";
+/// Argument and result attribute amp-round-state puts on the random-bit
+/// state it appends (ui32[4]; the result is the next state).
+inline constexpr llvm::StringLiteral kRoundingKey = "amp.rounding_key";
 /// With `report=true`: the decision taken for an op (a dictionary keyed by
 /// the decision_key:: keys below), and a unit attribute on each convert the
 /// pass inserted. Read and removed by the extension's report.
@@ -220,6 +223,16 @@ llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);
 //===----------------------------------------------------------------------===//
 // The whole contract, for the extension
 //===----------------------------------------------------------------------===//
+
+//===----------------------------------------------------------------------===//
+// State rounding
+//===----------------------------------------------------------------------===//
+
+/// How amp-round-state rounds a step's new low-precision state from its f32
+/// value: to nearest (what a convert does), or stochastically (unbiased).
+enum class UpdateRounding { Nearest, Stochastic };
+llvm::ArrayRef<llvm::StringRef> updateRoundingNames();
+llvm::Expected<UpdateRounding> parseUpdateRounding(llvm::StringRef text);
 
 //===----------------------------------------------------------------------===//
 // Entry-point options

@@ -365,6 +365,77 @@ def AmpRematerializePass : Pass<"amp-rematerialize", "::mlir::ModuleOp"> {
   ];
 }
 
+def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
+  let summary = "Rounds a training step's new bf16 state from its f32 "
+                "update stochastically, so updates below bf16's resolution "
+                "are not lost.";
+  let description = [{
+    Runs on a training step after `amp-insert-converts` and before
+    `amp-loss-scale`. A result of the public `main` marked
+    `amp.state_of = N` (the new value of argument N: a parameter, an
+    optimizer state) whose argument is bf16 gets its value from f32
+    arithmetic and one convert to bf16 before the return. That convert
+    rounds to nearest: with `p=bf16`, an update smaller than half a bf16
+    ulp of the parameter (2^-9 of it) is lost every step, and training
+    stalls where f32 master weights keep moving.
+
+    With `rounding=stochastic` each such convert is replaced by unbiased
+    stochastic rounding: the low 16 bits of a random 32-bit word are added
+    to the f32 value's bit pattern and the sum is truncated to bf16, which
+    rounds up with probability equal to the distance from the lower bf16
+    neighbour in units of its ulp. So the expected bf16 value is the f32
+    value. Non-finite values round to nearest. The random bits come from
+    `stablehlo.rng_bit_generator` (THREE_FRY), one call per rounded value,
+    chained: its state is a `ui32[4]` argument the pass appends (marked
+    `amp.rounding_key`), and the next state is a result it appends (marked
+    `amp.rounding_key` and `amp.state_of` its argument), so the step stays
+    a pure function of its state, and `amp-loss-scale` keeps the old state
+    on a skipped step: an overflowed step changes nothing.
+
+    `rounding=nearest` (the default) leaves the module unchanged. f16
+    state is not rounded stochastically (its bits are not the top half of
+    an f32's); it keeps its convert.
+
+    Before:
+
+    ```mlir
+    func.func public @main(%w: tensor<4xbf16>, %u: tensor<4xf32>)
+        -> (tensor<4xbf16> {amp.state_of = 0 : i64}) {
+      %0 = stablehlo.convert %w : (tensor<4xbf16>) -> tensor<4xf32>
+      %1 = stablehlo.add %0, %u : tensor<4xf32>
+      %2 = stablehlo.convert %1 : (tensor<4xf32>) -> tensor<4xbf16>
+      return %2 : tensor<4xbf16>
+    }
+    ```
+
+    After (`rounding=stochastic`; the key's bitcasts to and from ui64[2]
+    are left out):
+
+    ```mlir
+    func.func public @main(%w: tensor<4xbf16>, %u: tensor<4xf32>,
+        %key: tensor<4xui32> {amp.rounding_key})
+        -> (tensor<4xbf16> {amp.state_of = 0 : i64},
+            tensor<4xui32> {amp.rounding_key, amp.state_of = 2 : i64}) {
+      ...
+      %next, %bits = "stablehlo.rng_bit_generator"(%state)
+      %x = stablehlo.bitcast_convert %1 : (tensor<4xf32>) -> tensor<4xui32>
+      %noise = stablehlo.and %bits, %low16
+      %sum = stablehlo.add %x, %noise
+      %cut = stablehlo.and %sum, %high16
+      %y = stablehlo.bitcast_convert %cut : (tensor<4xui32>) -> tensor<4xf32>
+      %z = stablehlo.select %finite, %y, %1
+      %2 = stablehlo.convert %z : (tensor<4xf32>) -> tensor<4xbf16>
+      ...
+    }
+    ```
+  }];
+  let options = [
+    Option<"rounding", "rounding", "std::string", "\"nearest\"",
+           "How a step's new bf16 state is rounded from its f32 update: "
+           "nearest or stochastic (unbiased; a random-bit state is appended)">,
+  ];
+}
+
 def AmpLossScalePass : Pass<"amp-loss-scale", "::mlir::ModuleOp"> {
   let summary = "Fuses loss scaling, gradient unscaling, the overflow check "
                 "and the dynamic scale update into a training-step module.";

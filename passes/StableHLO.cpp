@@ -731,6 +731,24 @@ Value shlo::buildReduceAll(OpBuilder &builder, Location loc, Value value,
   return reduce->getResult(0);
 }
 
+Value shlo::buildBitcastConvert(OpBuilder &builder, Location loc, Value value,
+                                Type resultType) {
+  return createOp(builder, loc, opName("bitcast_convert"), value, resultType)
+      ->getResult(0);
+}
+
+std::pair<Value, Value> shlo::buildRngBitGenerator(OpBuilder &builder,
+                                                   Location loc, Value state,
+                                                   Type bitsType) {
+  Operation *op = createOp(
+      builder, loc, opName("rng_bit_generator"), state,
+      {state.getType(), bitsType},
+      {builder.getNamedAttr("rng_algorithm",
+                            opaque(builder.getContext(),
+                                   "rng_algorithm THREE_FRY"))});
+  return {op->getResult(0), op->getResult(1)};
+}
+
 Value shlo::buildBroadcastScalar(OpBuilder &builder, Location loc,
                                  Value scalar, RankedTensorType type) {
   if (type.getRank() == 0)

@@ -200,6 +200,14 @@ Value buildSelect(OpBuilder &builder, Location loc, Value predicate,
 Value buildClamp(OpBuilder &builder, Location loc, Value min, Value value,
                  Value max);
 Value buildIsFinite(OpBuilder &builder, Location loc, Value value);
+/// `stablehlo.bitcast_convert` of `value` to `resultType` (same bits; a
+/// wider element type drops the last dimension, a narrower one adds it).
+Value buildBitcastConvert(OpBuilder &builder, Location loc, Value value,
+                          Type resultType);
+/// `stablehlo.rng_bit_generator` with the THREE_FRY algorithm: from
+/// `state` (ui64[2]) the next state and random bits of `bitsType`.
+std::pair<Value, Value> buildRngBitGenerator(OpBuilder &builder, Location loc,
+                                             Value state, Type bitsType);
 /// A full reduction of `value` to a rank-0 tensor with the binary combiner
 /// `combiner` ("and", "maximum", "add") and the initial value `init`.
 Value buildReduceAll(OpBuilder &builder, Location loc, Value value,

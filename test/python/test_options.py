@@ -69,7 +69,11 @@ def test_every_entry_point_takes_the_same_options(name):
     value = ["exponential"]
   w, x = jnp.ones((4, 4)), jnp.ones((2, 4))
   stateful = contract.options()[name]["stateful"]
-  policy = "p=f32,c=bf16,o=f32" + (",gemm=f8" if stateful else "")
+  # The policy the option applies to: FP8 scaling needs FP8 GEMMs, state
+  # rounding bf16 parameters.
+  policy = {contract.FP8_GEMMS: "p=f32,c=bf16,o=f32,gemm=f8",
+            contract.ROUND_STATE: "p=bf16,c=bf16,o=f32"}.get(
+                contract.options()[name]["pass"], "p=f32,c=bf16,o=f32")
   step = amp.train_step(_loss, optax.sgd(0.1), policy, **{name: value})
   assert getattr(step._options, name) is not None
   if stateful:

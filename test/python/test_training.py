@@ -491,8 +491,10 @@ def test_train_state_fields():
   state = step.init(PARAMS)
   assert isinstance(state, amp.TrainState)
   assert state._fields == ("params", "opt_state", "loss_scale",
-                           "skipped_steps", "model_state", "amax_history")
+                           "skipped_steps", "model_state", "amax_history",
+                           "rounding_key")
   assert state.model_state is None and state.amax_history is None
+  assert state.rounding_key is None  # update_rounding="stochastic" makes it
   assert int(state.skipped_steps) == 0
   assert state.skipped_steps.dtype == jnp.int32
 

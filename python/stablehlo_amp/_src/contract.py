@@ -48,6 +48,7 @@ INSERT_CONVERTS = "amp-insert-converts"
 LOSS_SCALE = "amp-loss-scale"
 FP8_GEMMS = "amp-fp8-gemms"
 REMATERIALIZE = "amp-rematerialize"
+ROUND_STATE = "amp-round-state"
 SIMPLIFY_CONVERTS = "amp-simplify-converts"
 
 

@@ -105,7 +105,8 @@ def options_help(stateful: bool, indent: int = 0) -> str:
   for name in accepted_options(stateful):
     lines += textwrap.wrap(f"``{name}``: {contract.options()[name]['help']}",
                            80, initial_indent=" " * indent,
-                           subsequent_indent=" " * (indent + 2))
+                           subsequent_indent=" " * (indent + 2),
+                           break_on_hyphens=False)
   return "\n".join(lines)
 
 
@@ -251,6 +252,10 @@ def build_pipeline(policy: Policy, options: RewriteOptions, *,
   if options.runs(contract.REMATERIALIZE) and options.level != "O0":
     passes.append(_pass_text(contract.REMATERIALIZE,
                              options.pass_options(contract.REMATERIALIZE)))
+  round_state = options.pass_options(contract.ROUND_STATE)
+  if loss_scale and round_state["rounding"] != contract.default(
+      contract.ROUND_STATE, "rounding"):
+    passes.append(_pass_text(contract.ROUND_STATE, round_state))
   if loss_scale:
     passes.append(_pass_text(contract.LOSS_SCALE, loss_scale))
   passes.append(contract.SIMPLIFY_CONVERTS)

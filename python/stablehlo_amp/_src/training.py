@@ -17,6 +17,7 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 if TYPE_CHECKING:
   import optax
@@ -136,22 +137,37 @@ def _check_same_types(what: str, given: Any, returned: Any) -> None:
 
 
 def _split_extra(program: prog.Program, extra: Sequence[Any]
-                 ) -> tuple[list, list]:
-  """The appended outputs: (FP8 amax histories, loss-scale outputs)."""
+                 ) -> tuple[list, list, Any]:
+  """The appended outputs: (FP8 amax histories, loss-scale outputs, the
+  next rounding key or None)."""
   history = contract.attribute("amax_history")
-  histories = [v for v, r in zip(extra, program.extra_out_roles)
-               if r == history]
-  rest = [v for v, r in zip(extra, program.extra_out_roles) if r != history]
-  return histories, rest
+  key = contract.attribute("rounding_key")
+  roles = program.extra_out_roles
+  histories = [v for v, r in zip(extra, roles) if r == history]
+  keys = [v for v, r in zip(extra, roles) if r == key]
+  rest = [v for v, r in zip(extra, roles) if r not in (history, key)]
+  return histories, rest, (keys[0] if keys else None)
 
 
 def _extra_inputs(program: prog.Program, histories: Sequence[Any],
-                  loss_scale: LossScale) -> list:
+                  loss_scale: LossScale, rounding_key: Any = None) -> list:
   """The appended inputs in main's order, by role."""
   history = contract.attribute("amax_history")
+  key = contract.attribute("rounding_key")
   given, scale_state = iter(histories), iter(loss_scale.state())
-  return [next(given) if role == history else next(scale_state)
-          for role in program.extra_in_roles]
+  inputs = []
+  for role in program.extra_in_roles:
+    if role == history:
+      inputs.append(next(given))
+    elif role == key:
+      if rounding_key is None:
+        raise TypeError("this step rounds its bf16 state stochastically and "
+                        "the state holds no rounding key: make the state "
+                        "with this step's init")
+      inputs.append(rounding_key)
+    else:
+      inputs.append(next(scale_state))
+  return inputs
 
 
 class _LossScaledProgram:
@@ -349,6 +365,9 @@ class TrainState(NamedTuple):
   # FP8 delayed scaling: one f32[amax_history] per FP8 operand, newest
   # first; None until the first step (which makes them).
   amax_history: Any = None
+  # update_rounding="stochastic": the state of the random bits that round
+  # the new bf16 parameters (uint32[4]); None otherwise.
+  rounding_key: Any = None
 
 
 class TrainStep(_LossScaledProgram):
@@ -369,6 +388,13 @@ class TrainStep(_LossScaledProgram):
           f"{', '.join(fp8_options)} configure{'s' if len(fp8_options) == 1 else ''} "
           f"FP8 GEMMs, and policy {self.policy} has none: add gemm=f8 "
           "(for example p=f32,c=bf16,o=f32,gemm=f8)")
+    if (self._options.update_rounding == "stochastic" and
+        jnp.dtype(self.policy.param_dtype) != jnp.dtype(jnp.bfloat16)):
+      raise ValueError(
+          f"update_rounding='stochastic' rounds bf16 parameters, and policy "
+          f"{self.policy} keeps them in "
+          f"{jnp.dtype(self.policy.param_dtype).name}: use p=bf16 (for "
+          "example p=bf16,c=bf16,o=f32)")
     if not (callable(getattr(optimizer, "init", None)) and
             callable(getattr(optimizer, "update", None))):
       name = getattr(optimizer, "__name__", type(optimizer).__name__)
@@ -434,10 +460,13 @@ class TrainStep(_LossScaledProgram):
 
     return module_fn
 
-  def init(self, params: Any, model_state: Any = None) -> TrainState:
+  def init(self, params: Any, model_state: Any = None, *,
+           rounding_seed: int = 0) -> TrainState:
     """The first state: parameters (float leaves in the `p=` dtype, f64
     kept), optimizer state (made from the float parameters in f32, None in
-    place of the others), loss-scale state, model state.
+    place of the others), loss-scale state, model state, and with
+    ``update_rounding="stochastic"`` the state of the random bits that
+    round the parameters (from `rounding_seed`).
 
     With `donate=True` the step consumes its state, so `init` copies the
     arrays it is given: the caller's `params` stay valid."""
@@ -452,8 +481,13 @@ class TrainStep(_LossScaledProgram):
     model_state = jax.tree_util.tree_map(copy, model_state)
     # Each state owns its loss-scale arrays: a donated step consumes them.
     loss_scale = jax.tree_util.tree_map(copy, self._initial_loss_scale)
+    rounding_key = None
+    if self._options.update_rounding == "stochastic":
+      rounding_key = jnp.asarray(np.random.default_rng(rounding_seed).integers(
+          0, 2 ** 32, size=4, dtype=np.uint32))
     return TrainState(params, opt_state, loss_scale,
-                      jnp.zeros((), jnp.int32), model_state)
+                      jnp.zeros((), jnp.int32), model_state,
+                      rounding_key=rounding_key)
 
   def __call__(self, state: TrainState, batch: Any):
     self._check_state(state)
@@ -526,8 +560,8 @@ class TrainStep(_LossScaledProgram):
                           state_leaves)
     histories = self._histories(program, state.amax_history)
     outputs, extra = program.call(leaves, _extra_inputs(
-        program, histories, state.loss_scale))
-    new_histories, extra = _split_extra(program, extra)
+        program, histories, state.loss_scale, state.rounding_key))
+    new_histories, extra, new_key = _split_extra(program, extra)
     loss, aux, new_params, new_opt_state, new_model_state = (
         jax.tree_util.tree_unflatten(program.out_tree, outputs))
     finite = state.loss_scale.grads_finite(extra)
@@ -544,7 +578,9 @@ class TrainStep(_LossScaledProgram):
     if self.has_aux:
       metrics["aux"] = aux
     return TrainState(new_params, new_opt_state, loss_scale, skipped,
-                      new_model_state, new_histories), metrics
+                      new_model_state, new_histories,
+                      state.rounding_key if new_key is None else new_key
+                      ), metrics
 
   def _hint_when_stuck(self, finite, loss, loss_scale, skipped) -> None:
     """A skipped step that no loss scale can fix (dynamic scaling already
@@ -618,7 +654,9 @@ def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
   have no optimizer state; the new model state must have the structure,
   shapes and dtypes of the one given.
   ``p=bf16`` stores the parameters in bf16 (the update is computed in f32
-  and rounded once per step; the optimizer state stays f32). `loss_scale`
+  and rounded once per step, to nearest or, with
+  ``update_rounding="stochastic"``, without bias; the optimizer state
+  stays f32). `loss_scale`
   defaults to `DynamicLossScale()` for f16 compute and `NoOpLossScale()`
   otherwise.
 
@@ -627,6 +665,10 @@ def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
   carried in ``state.amax_history`` (made by the first step, which
   therefore compiles a second time; an overflowed step leaves them as they
   were); the default ``"current"`` scales by this step's amax.
+
+  The rewrite options, by keyword (those of `amp.transform`, and the ones
+  that configure the state a step carries):
+OPTIONS
 
   >>> import jax.numpy as jnp, optax, stablehlo_amp as amp
   >>> step = amp.train_step(lambda w, b: jnp.mean((b @ w) ** 2),
@@ -690,3 +732,7 @@ class PrecisionHandler:
       loss, grads, finite, self.loss_scale = functional(params, *args)
       return loss, grads, finite
     return step
+
+
+train_step.__doc__ = train_step.__doc__.replace(
+    "OPTIONS", pl.options_help(stateful=True, indent=4))

@@ -1,0 +1,157 @@
+//===- RoundState.cpp - Stochastic rounding of a step's bf16 state --------===//
+//
+// amp-round-state: the new value of a bf16 parameter is computed in f32 and
+// rounded once per step. Rounded to nearest, an update below half an ulp is
+// lost; rounded stochastically, the expected bf16 value is the f32 one, so
+// bf16 master weights follow the f32 trajectory on average (Revisiting
+// BFloat16 Training, arXiv 2010.06192; torchao's bf16_stochastic_round).
+// The random bits come from a ui32[4] state the pass appends to the step,
+// so the step stays a pure function of its state. See Passes.td.
+//
+//===----------------------------------------------------------------------===//
+
+#include "Contract.h"
+#include "Passes.h"
+#include "StableHLO.h"
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+
+namespace mlir::amp {
+#define GEN_PASS_DEF_AMPROUNDSTATEPASS
+#include "Passes.h.inc"
+} // namespace mlir::amp
+
+using namespace mlir;
+using namespace mlir::amp;
+
+namespace {
+
+/// A convert from f32 to bf16 whose result `main` returns as the new value
+/// of a bf16 argument (`amp.state_of`).
+SmallVector<Operation *> roundingConverts(func::FuncOp main) {
+  Operation *terminator = main.front().getTerminator();
+  SmallVector<Operation *> converts;
+  for (unsigned i = 0, e = main.getNumResults(); i < e; ++i) {
+    if (!main.getResultAttr(i, attr::kStateOf))
+      continue;
+    Operation *def = terminator->getOperand(i).getDefiningOp();
+    if (!def || !shlo::isConvert(def) ||
+        llvm::is_contained(converts, def))
+      continue;
+    FloatType to = shlo::getFloatElementType(def->getResult(0).getType());
+    FloatType from = shlo::getFloatElementType(def->getOperand(0).getType());
+    auto shaped = dyn_cast<RankedTensorType>(def->getResult(0).getType());
+    if (to && from && shaped && shaped.hasStaticShape() && to.isBF16() &&
+        from.isF32())
+      converts.push_back(def);
+  }
+  return converts;
+}
+
+/// `value` (f32) rounded to bf16 with the random words `bits` (ui32, same
+/// shape): the low 16 bits of each word are added to the value's bit
+/// pattern and the sum cut to its high 16 bits, so it rounds up with
+/// probability (the value's low 16 bits) / 2^16. Non-finite values, whose
+/// bit pattern must not carry, round to nearest.
+Value roundStochastically(OpBuilder &builder, Location loc, Value value,
+                          Value bits) {
+  auto type = cast<RankedTensorType>(value.getType());
+  Type u32 = builder.getIntegerType(32, /*isSigned=*/false);
+  Type wordsType = shlo::withElementType(type, u32);
+  auto mask = [&](double word) {
+    return shlo::buildBroadcastScalar(
+        builder, loc, shlo::buildScalar(builder, loc, u32, word),
+        cast<RankedTensorType>(wordsType));
+  };
+  Value words = shlo::buildBitcastConvert(builder, loc, value, wordsType);
+  Value noise = shlo::buildElementwise(builder, loc, "and",
+                                       {bits, mask(0xFFFF)});
+  Value sum = shlo::buildElementwise(builder, loc, "add", {words, noise});
+  Value cut = shlo::buildElementwise(builder, loc, "and",
+                                     {sum, mask(0xFFFF0000u)});
+  Value rounded = shlo::buildBitcastConvert(builder, loc, cut, type);
+  Value finite = shlo::buildIsFinite(builder, loc, value);
+  Value chosen = shlo::buildSelect(builder, loc, finite, rounded, value);
+  return shlo::buildConvert(builder, loc, chosen, builder.getBF16Type());
+}
+
+class RoundStatePass
+    : public amp::impl::AmpRoundStatePassBase<RoundStatePass> {
+public:
+  using Base::Base;
+
+  void runOnOperation() override {
+    ModuleOp module = getOperation();
+    llvm::Expected<UpdateRounding> mode = parseUpdateRounding(rounding);
+    if (!mode) {
+      module.emitError() << "invalid option 'rounding': "
+                         << llvm::toString(mode.takeError());
+      return signalPassFailure();
+    }
+    if (*mode == UpdateRounding::Nearest)
+      return;
+    auto main = module.lookupSymbol<func::FuncOp>("main");
+    if (!main || !main.isPublic() || main.isExternal())
+      return;
+    SmallVector<Operation *> converts = roundingConverts(main);
+    if (converts.empty())
+      return;
+    roundWithKey(main, converts);
+  }
+
+private:
+  /// Appends the random-bit state and its next value to `main`, and rounds
+  /// each convert's value stochastically with bits drawn from it in turn.
+  void roundWithKey(func::FuncOp main, ArrayRef<Operation *> converts) {
+    MLIRContext *context = &getContext();
+    OpBuilder builder(context);
+    Type u32 = builder.getIntegerType(32, /*isSigned=*/false);
+    Type u64 = builder.getIntegerType(64, /*isSigned=*/false);
+    auto keyType = RankedTensorType::get({4}, u32);
+    unsigned keyIndex = main.getNumArguments();
+    NamedAttribute role = builder.getNamedAttr(attr::kRoundingKey,
+                                               builder.getUnitAttr());
+    if (failed(main.insertArgument(keyIndex, keyType,
+                                   builder.getDictionaryAttr({role}),
+                                   main.getLoc())))
+      return signalPassFailure();
+    Value key = main.getArgument(keyIndex);
+    Location loc = main.getLoc();
+
+    // THREE_FRY's state is ui64[2]: the key's four words, two by two.
+    builder.setInsertionPointToStart(&main.front());
+    Value pairs = shlo::buildReshape(builder, loc, key, {2, 2});
+    Value state = shlo::buildBitcastConvert(
+        builder, loc, pairs, RankedTensorType::get({2}, u64));
+    for (Operation *convert : converts) {
+      builder.setInsertionPoint(convert);
+      Value value = convert->getOperand(0);
+      auto [next, bits] = shlo::buildRngBitGenerator(
+          builder, convert->getLoc(), state,
+          shlo::withElementType(value.getType(), u32));
+      state = next;
+      Value rounded = roundStochastically(builder, convert->getLoc(), value,
+                                          bits);
+      convert->getResult(0).replaceAllUsesWith(rounded);
+      convert->erase();
+    }
+
+    Operation *terminator = main.front().getTerminator();
+    builder.setInsertionPoint(terminator);
+    Value nextPairs = shlo::buildBitcastConvert(
+        builder, loc, state, RankedTensorType::get({2, 2}, u32));
+    Value nextKey = shlo::buildReshape(builder, loc, nextPairs, {4});
+    unsigned resultIndex = main.getNumResults();
+    NamedAttribute stateOf = builder.getNamedAttr(
+        attr::kStateOf, builder.getI64IntegerAttr(keyIndex));
+    main.insertResult(resultIndex, keyType,
+                      builder.getDictionaryAttr({role, stateOf}));
+    SmallVector<Value> operands(terminator->getOperands());
+    operands.push_back(nextKey);
+    terminator->setOperands(operands);
+  }
+};
+
+} // namespace

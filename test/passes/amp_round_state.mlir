@@ -1,0 +1,68 @@
+// amp-round-state alone: a step's new bf16 state (a result marked
+// amp.state_of whose value is converted from f32 right before the return)
+// is rounded stochastically with bits from an appended ui32[4] state.
+//
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{rounding=stochastic})' | FileCheck %s
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state)' | FileCheck %s --check-prefix=NEAREST
+// RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{rounding=up})' 2>&1 | FileCheck %s --check-prefix=BAD
+// BAD: error: invalid option 'rounding': unknown update rounding 'up' (accepted: nearest, stochastic)
+
+// Two bf16 states share one chain of random bits; the f32 state is left
+// alone; the key's next value is a state of the key argument, so
+// amp-loss-scale keeps the old one on a skipped step.
+// CHECK-LABEL: func.func public @main(
+// CHECK-SAME: %[[KEY:arg[0-9]+]]: tensor<4xui32> {amp.rounding_key})
+// CHECK-SAME: -> (tensor<4xbf16> {amp.state_of = 0 : i64}, tensor<4xf32> {amp.state_of = 2 : i64}, tensor<2x3xbf16> {amp.state_of = 3 : i64}, tensor<4xui32> {amp.rounding_key, amp.state_of = 4 : i64})
+// CHECK: %[[PAIRS:.*]] = stablehlo.reshape %[[KEY]] : (tensor<4xui32>) -> tensor<2x2xui32>
+// CHECK: %[[S0:.*]] = stablehlo.bitcast_convert %[[PAIRS]] : (tensor<2x2xui32>) -> tensor<2xui64>
+// CHECK: %[[NEW:.*]] = stablehlo.add
+// CHECK: %[[S1:.*]], %[[BITS:.*]] = stablehlo.rng_bit_generator %[[S0]], algorithm = THREE_FRY : (tensor<2xui64>) -> (tensor<2xui64>, tensor<4xui32>)
+// CHECK: %[[WORDS:.*]] = stablehlo.bitcast_convert %[[NEW]] : (tensor<4xf32>) -> tensor<4xui32>
+// CHECK: %[[LOW16:.*]] = stablehlo.constant dense<65535> : tensor<ui32>
+// CHECK: %[[LOWB:.*]] = stablehlo.broadcast_in_dim %[[LOW16]]
+// CHECK: %[[NOISE:.*]] = stablehlo.and %[[BITS]], %[[LOWB]] : tensor<4xui32>
+// CHECK: %[[SUM:.*]] = stablehlo.add %[[WORDS]], %[[NOISE]] : tensor<4xui32>
+// CHECK: %[[HIGH16:.*]] = stablehlo.constant dense<4294901760> : tensor<ui32>
+// CHECK: %[[HIGHB:.*]] = stablehlo.broadcast_in_dim %[[HIGH16]]
+// CHECK: %[[CUT:.*]] = stablehlo.and %[[SUM]], %[[HIGHB]] : tensor<4xui32>
+// CHECK: %[[Y:.*]] = stablehlo.bitcast_convert %[[CUT]] : (tensor<4xui32>) -> tensor<4xf32>
+// CHECK: %[[FINITE:.*]] = stablehlo.is_finite %[[NEW]]
+// CHECK: %[[Z:.*]] = stablehlo.select %[[FINITE]], %[[Y]], %[[NEW]]
+// CHECK: %[[W:.*]] = stablehlo.convert %[[Z]] : (tensor<4xf32>) -> tensor<4xbf16>
+// CHECK-NOT: stablehlo.convert %[[NEW]]
+// CHECK: %[[S2:.*]], %[[BITS2:.*]] = stablehlo.rng_bit_generator %[[S1]], algorithm = THREE_FRY : (tensor<2xui64>) -> (tensor<2xui64>, tensor<2x3xui32>)
+// CHECK: %[[V:.*]] = stablehlo.convert %{{.*}} : (tensor<2x3xf32>) -> tensor<2x3xbf16>
+// CHECK: %[[NEXTP:.*]] = stablehlo.bitcast_convert %[[S2]] : (tensor<2xui64>) -> tensor<2x2xui32>
+// CHECK: %[[NEXT:.*]] = stablehlo.reshape %[[NEXTP]] : (tensor<2x2xui32>) -> tensor<4xui32>
+// CHECK: return %[[W]], %{{.*}}, %[[V]], %[[NEXT]]
+
+// NEAREST-LABEL: func.func public @main(
+// NEAREST-NOT: rounding_key
+// NEAREST-NOT: rng_bit_generator
+// NEAREST: stablehlo.convert %{{.*}} : (tensor<4xf32>) -> tensor<4xbf16>
+func.func public @main(%w: tensor<4xbf16>, %u: tensor<4xf32>, %m: tensor<4xf32>, %v: tensor<2x3xbf16>) -> (tensor<4xbf16> {amp.state_of = 0 : i64}, tensor<4xf32> {amp.state_of = 2 : i64}, tensor<2x3xbf16> {amp.state_of = 3 : i64}) {
+  %0 = stablehlo.convert %w : (tensor<4xbf16>) -> tensor<4xf32>
+  %1 = stablehlo.add %0, %u : tensor<4xf32>
+  %2 = stablehlo.convert %1 : (tensor<4xf32>) -> tensor<4xbf16>
+  %3 = stablehlo.multiply %m, %u : tensor<4xf32>
+  %4 = stablehlo.convert %v : (tensor<2x3xbf16>) -> tensor<2x3xf32>
+  %5 = stablehlo.exponential %4 : tensor<2x3xf32>
+  %6 = stablehlo.convert %5 : (tensor<2x3xf32>) -> tensor<2x3xbf16>
+  return %2, %3, %6 : tensor<4xbf16>, tensor<4xf32>, tensor<2x3xbf16>
+}
+
+// -----
+
+// f16 state, a bf16 result that is no state, and a state passed through
+// unchanged are not rounded: nothing is appended.
+// CHECK-LABEL: func.func public @untouched(
+// CHECK-NOT: rounding_key
+// CHECK-NOT: rng_bit_generator
+// CHECK: return
+func.func public @untouched(%h: tensor<4xf16>, %b: tensor<4xbf16>, %u: tensor<4xf32>) -> (tensor<4xf16> {amp.state_of = 0 : i64}, tensor<4xbf16>, tensor<4xbf16> {amp.state_of = 1 : i64}) {
+  %0 = stablehlo.convert %h : (tensor<4xf16>) -> tensor<4xf32>
+  %1 = stablehlo.add %0, %u : tensor<4xf32>
+  %2 = stablehlo.convert %1 : (tensor<4xf32>) -> tensor<4xf16>
+  %3 = stablehlo.convert %1 : (tensor<4xf32>) -> tensor<4xbf16>
+  return %2, %3, %b : tensor<4xf16>, tensor<4xbf16>, tensor<4xbf16>
+}

@@ -1,0 +1,132 @@
+"""update_rounding="stochastic": bf16 parameters rounded from their f32
+update without bias (amp-round-state), so updates below bf16's resolution
+accumulate as they do in f32."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import optax
+import pytest
+
+import stablehlo_amp as amp
+
+BF16 = "p=bf16,c=bf16,o=f32"
+
+
+def _linear(w, b):
+  return jnp.sum(w * b)  # the gradient is b: each SGD update is -lr * b
+
+
+def _run(rounding, params, batches, lr=1.0, policy=BF16, **options):
+  step = amp.train_step(_linear, optax.sgd(lr), policy,
+                        update_rounding=rounding, **options)
+  state = step.init(params)
+  for batch in batches:
+    state, metrics = step(state, batch)
+  return step, state, metrics
+
+
+def test_updates_below_half_an_ulp_accumulate_only_when_stochastic():
+  """16 updates of 2^-10 from 1.0 (a bf16 ulp there is 2^-7): rounded to
+  nearest each is lost; rounded stochastically the mean over 4096
+  parameters follows f32 (sd of the mean about 1.6e-4)."""
+  n, steps = 4096, 16
+  batches = [jnp.full((n,), -2.0 ** -10)] * steps
+  _, nearest, _ = _run("nearest", jnp.ones((n,)), batches)
+  _, stochastic, _ = _run("stochastic", jnp.ones((n,)), batches)
+  assert nearest.params.dtype == stochastic.params.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(nearest.params, np.float32), 1.0)
+  mean = float(np.asarray(stochastic.params, np.float32).mean())
+  assert abs(mean - (1 + steps * 2.0 ** -10)) < 8e-4, mean
+
+
+def test_each_value_rounds_to_a_neighbour_and_the_mean_error_is_zero():
+  """One step from random bf16 parameters by random f32 updates: every new
+  value is one of the two bf16 neighbours of the f32 result, and the mean
+  rounding error, in ulps, is zero within its statistical spread (nearest
+  rounding's would not be: it is biased whenever the updates are small)."""
+  rng = np.random.default_rng(0)
+  n = 1 << 16
+  params = rng.uniform(1, 1.9, n).astype(ml_dtypes.bfloat16).astype(np.float32)
+  update = rng.uniform(0, 2.0 ** -8, n).astype(np.float32)  # < half an ulp
+  exact = params + update
+  _, state, _ = _run("stochastic", jnp.asarray(params),
+                     [jnp.asarray(-update)])
+  got = np.asarray(state.params, np.float32)
+  ulp = 2.0 ** -7
+  below = np.floor(exact / ulp) * ulp
+  assert np.all((got == below) | (got == below + ulp))
+  errors = (got - exact) / ulp
+  assert abs(errors.mean()) < 5 * errors.std() / np.sqrt(n), errors.mean()
+  # Rounded up as often as the distance says: about a quarter of them here.
+  up = float((got > below).mean())
+  expected_up = float(((exact - below) / ulp).mean())
+  assert abs(up - expected_up) < 0.01, (up, expected_up)
+
+
+def test_the_key_advances_and_the_step_is_reproducible_from_the_state():
+  batches = [jnp.full((64,), -2.0 ** -10)] * 3
+  step, state, _ = _run("stochastic", jnp.ones((64,)), batches)
+  again = step.init(jnp.ones((64,)))
+  for batch in batches:
+    again, _ = step(again, batch)
+  np.testing.assert_array_equal(np.asarray(state.params, np.float32),
+                                np.asarray(again.params, np.float32))
+  np.testing.assert_array_equal(state.rounding_key, again.rounding_key)
+  assert not np.array_equal(state.rounding_key,
+                            step.init(jnp.ones((64,))).rounding_key)
+  other = step.init(jnp.ones((64,)), rounding_seed=1)
+  assert not np.array_equal(other.rounding_key,
+                            step.init(jnp.ones((64,))).rounding_key)
+
+
+def test_an_overflowed_step_leaves_parameters_and_key_bit_identical():
+  step = amp.train_step(_linear, optax.adam(1e-3), "p=bf16,c=f16,o=f32",
+                        update_rounding="stochastic",
+                        loss_scale=amp.DynamicLossScale(2.0 ** 8))
+  state = step.init(jnp.linspace(1, 2, 256))
+  state, _ = step(state, jnp.full((256,), 0.5))
+  after, metrics = step(state, jnp.full((256,), jnp.inf))
+  assert not bool(metrics["grads_finite"])
+  for old, new in zip(jax.tree_util.tree_leaves(
+      (state.params, state.opt_state, state.rounding_key)),
+                      jax.tree_util.tree_leaves(
+      (after.params, after.opt_state, after.rounding_key))):
+    np.testing.assert_array_equal(np.asarray(old), np.asarray(new))
+
+
+def test_a_checkpoint_holds_the_key_and_training_resumes_identically():
+  serialization = pytest.importorskip("flax.serialization")
+  batches = [jnp.full((128,), -2.0 ** -10 * (i + 1)) for i in range(6)]
+  step = amp.train_step(_linear, optax.adam(1e-3), BF16,
+                        update_rounding="stochastic")
+  straight = step.init(jnp.ones((128,)))
+  for batch in batches:
+    straight, _ = step(straight, batch)
+  state = step.init(jnp.ones((128,)))
+  for batch in batches[:3]:
+    state, _ = step(state, batch)
+  restored = serialization.from_bytes(step.init(jnp.ones((128,))),
+                                      serialization.to_bytes(state))
+  np.testing.assert_array_equal(restored.rounding_key, state.rounding_key)
+  for batch in batches[3:]:
+    restored, _ = step(restored, batch)
+  for a, b in zip(jax.tree_util.tree_leaves(restored),
+                  jax.tree_util.tree_leaves(straight)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_stochastic_rounding_needs_bf16_parameters_and_a_state_with_a_key():
+  with pytest.raises(ValueError, match=r"update_rounding='stochastic' rounds "
+                     r"bf16 parameters, and policy p=f32,c=bf16,o=f32 keeps "
+                     r"them in float32"):
+    amp.train_step(_linear, optax.sgd(0.1), "p=f32,c=bf16,o=f32",
+                   update_rounding="stochastic")
+  with pytest.raises(ValueError, match=r"accepted: nearest, stochastic"):
+    amp.train_step(_linear, optax.sgd(0.1), BF16, update_rounding="kahan")
+  nearest = amp.train_step(_linear, optax.sgd(0.1), BF16)
+  stochastic = amp.train_step(_linear, optax.sgd(0.1), BF16,
+                              update_rounding="stochastic")
+  with pytest.raises(TypeError, match="holds no rounding key"):
+    stochastic(nearest.init(jnp.ones(4)), jnp.ones(4))
