@@ -145,7 +145,8 @@ def build_ours(model: common.Model, batch, name: str, policy: str,
                dynamic: bool, target: str | None = None,
                storage: str | None = None, level: str | None = None,
                donate: bool = True, scaling: str | None = None,
-               rounding: str | None = None) -> common.Built:
+               rounding: str | None = None,
+               moments: str | None = None) -> common.Built:
   amp = _amp()
   options = {"target": target} if target else {}
   if storage:
@@ -156,6 +157,8 @@ def build_ours(model: common.Model, batch, name: str, policy: str,
     options["fp8_scaling"] = scaling
   if rounding:
     options["update_rounding"] = rounding
+  if moments:
+    options["opt_state_dtype"] = moments
   options["loss_scale"] = amp.DynamicLossScale() if dynamic else None
   options["donate"] = donate
 
@@ -336,14 +339,15 @@ def build_mpx(model: common.Model, batch, half,
 _OURS_KEYS = {"storage": ("f32", "compute"), "level": ("O1", "O2", "O3"),
               "gemm": ("f8", "f8e4m3fn", "f8e5m2"),
               "scaling": ("current", "delayed"), "params": ("bf16",),
-              "rounding": ("nearest", "stochastic")}
+              "rounding": ("nearest", "stochastic"), "moments": ("bf16",)}
 
 
 def _ours_options(variant: str) -> dict:
   """`ours-{bf16,f16}[-storage-X][-level-X][-gemm-X][-scaling-X]
-  [-params-bf16][-rounding-X]`: the options of amp.train_step a variant
-  name asks for (`gemm` and `params` go into the policy, `scaling` is
-  `fp8_scaling`, `rounding` is `update_rounding`)."""
+  [-params-bf16][-rounding-X][-moments-bf16]`: the options of
+  amp.train_step a variant name asks for (`gemm` and `params` go into the
+  policy, `scaling` is `fp8_scaling`, `rounding` is `update_rounding`,
+  `moments` is `opt_state_dtype`)."""
   parts = variant.split("-")[2:]
   options = {}
   while parts:

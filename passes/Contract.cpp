@@ -288,7 +288,12 @@ llvm::StringRef mlir::amp::fp8IneligibilityText(Fp8Ineligibility why) {
 
 namespace {
 constexpr llvm::StringRef kUpdateRoundingNames[] = {"nearest", "stochastic"};
+constexpr llvm::StringRef kOptimizerStateDtypeNames[] = {"f32", "bf16"};
 } // namespace
+
+llvm::ArrayRef<llvm::StringRef> mlir::amp::optimizerStateDtypeNames() {
+  return kOptimizerStateDtypeNames;
+}
 
 llvm::ArrayRef<llvm::StringRef> mlir::amp::updateRoundingNames() {
   return kUpdateRoundingNames;
@@ -354,6 +359,15 @@ llvm::Expected<std::string> canonicalUpdateRounding(llvm::StringRef value,
   return kUpdateRoundingNames[static_cast<int>(*parsed)].str();
 }
 
+llvm::Expected<std::string> canonicalOptimizerStateDtype(llvm::StringRef value,
+                                                         Target) {
+  for (llvm::StringRef name : kOptimizerStateDtypeNames)
+    if (value.trim() == name)
+      return name.str();
+  return llvm::createStringError("unknown optimizer-state dtype '" + value +
+                                 "' (accepted: f32, bf16)");
+}
+
 llvm::json::Value levelDefault(Target target) {
   return levelName(defaultLevel(target));
 }
@@ -410,6 +424,9 @@ const EntryOption kEntryOptions[] = {
      /*stateful=*/true, false, false, nullptr, nullptr, /*minimum=*/1},
     {"update_rounding", "amp-round-state", "rounding", OptionKind::Choice,
      /*stateful=*/true, false, false, canonicalUpdateRounding},
+    {"opt_state_dtype", "amp-round-state", "optimizer-state",
+     OptionKind::Choice, /*stateful=*/true, false, false,
+     canonicalOptimizerStateDtype},
 };
 
 llvm::StringRef kindName(OptionKind kind) {
@@ -527,6 +544,8 @@ llvm::json::Object passesJson() {
   AmpRoundStatePassOptions roundState;
   llvm::json::Object roundStateOptions{
       {"rounding", option(roundState.rounding, updateRoundingNames())},
+      {"optimizer-state",
+       option(roundState.optimizerState, optimizerStateDtypeNames())},
   };
   llvm::json::Object lossScale{
       {"mode", option(scale.mode, lossScaleModeNames())},
@@ -670,6 +689,7 @@ std::string mlir::amp::contractJson() {
       {"loss_scale_counter", attr::kLossScaleCounter},
       {"grads_finite", attr::kGradsFinite},
       {"rounding_key", attr::kRoundingKey},
+      {"optimizer_state", attr::kOptimizerState},
       {"decision", attr::kDecision},
       {"cotangent", attr::kCotangent},
       {"amax_history", attr::kAmaxHistory},

@@ -58,6 +58,10 @@ inline constexpr llvm::StringLiteral kGradsFinite = "amp.grads_finite";
 /// Argument and result attribute amp-round-state puts on the random-bit
 /// state it appends (ui32[4]; the result is the next state).
 inline constexpr llvm::StringLiteral kRoundingKey = "amp.rounding_key";
+/// Argument attribute: this f32 argument is optimizer state that
+/// amp-round-state may store in a lower precision (with its new value, the
+/// result marked amp.state_of it). Consumed by amp-round-state.
+inline constexpr llvm::StringLiteral kOptimizerState = "amp.optimizer_state";
 /// With `report=true`: the decision taken for an op (a dictionary keyed by
 /// the decision_key:: keys below), and a unit attribute on each convert the
 /// pass inserted. Read and removed by the extension's report.
@@ -233,6 +237,8 @@ llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);
 enum class UpdateRounding { Nearest, Stochastic };
 llvm::ArrayRef<llvm::StringRef> updateRoundingNames();
 llvm::Expected<UpdateRounding> parseUpdateRounding(llvm::StringRef text);
+/// The dtypes amp-round-state stores optimizer state in.
+llvm::ArrayRef<llvm::StringRef> optimizerStateDtypeNames();
 
 //===----------------------------------------------------------------------===//
 // Entry-point options

@@ -392,7 +392,16 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     a pure function of its state, and `amp-loss-scale` keeps the old state
     on a skipped step: an overflowed step changes nothing.
 
-    `rounding=nearest` (the default) leaves the module unchanged. f16
+    With `optimizer-state=bf16`, the f32 arguments marked
+    `amp.optimizer_state` (a front end marks the float leaves of the
+    optimizer's state: Adam's moments, momentum) become bf16 arguments read
+    back in f32 where they are used, and their new values (the results
+    marked `amp.state_of` them) are rounded to bf16, stochastically with
+    `rounding=stochastic`: 2 bytes per moment instead of 4, the update
+    itself still in f32. The marker is consumed.
+
+    `rounding=nearest` with `optimizer-state=f32` (the defaults) leaves the
+    module unchanged. f16
     state is not rounded stochastically (its bits are not the top half of
     an f32's); it keeps its convert.
 
@@ -433,6 +442,10 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     Option<"rounding", "rounding", "std::string", "\"nearest\"",
            "How a step's new bf16 state is rounded from its f32 update: "
            "nearest or stochastic (unbiased; a random-bit state is appended)">,
+    Option<"optimizerState", "optimizer-state", "std::string", "\"f32\"",
+           "Dtype the optimizer state (arguments marked amp.optimizer_state "
+           "and their new values) is stored in: f32 or bf16; the update "
+           "still computes in f32">,
   ];
 }
 

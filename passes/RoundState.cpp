@@ -50,6 +50,50 @@ SmallVector<Operation *> roundingConverts(func::FuncOp main) {
   return converts;
 }
 
+/// Stores the f32 arguments of `main` marked amp.optimizer_state in bf16:
+/// each becomes a bf16 argument converted back to f32 where it is read, and
+/// its new value (the result marked amp.state_of it) is converted to bf16
+/// before the return. The marker is consumed.
+void storeOptimizerStateLow(func::FuncOp main) {
+  OpBuilder builder(main.getContext());
+  Type bf16 = builder.getBF16Type();
+  Operation *terminator = main.front().getTerminator();
+  llvm::SmallVector<Type> inputs(main.getArgumentTypes());
+  llvm::SmallVector<Type> results(main.getResultTypes());
+  for (unsigned i = 0, e = main.getNumArguments(); i < e; ++i) {
+    if (!main.getArgAttr(i, attr::kOptimizerState))
+      continue;
+    main.removeArgAttr(i, attr::kOptimizerState);
+    BlockArgument argument = main.getArgument(i);
+    FloatType element = shlo::getFloatElementType(argument.getType());
+    if (!element || !element.isF32())
+      continue;
+    Type lowType = shlo::withElementType(argument.getType(), bf16);
+    argument.setType(lowType);
+    inputs[i] = lowType;
+    builder.setInsertionPointToStart(&main.front());
+    Value wide = shlo::buildConvert(builder, main.getLoc(), argument,
+                                    builder.getF32Type());
+    argument.replaceAllUsesExcept(wide, wide.getDefiningOp());
+    for (unsigned r = 0, n = main.getNumResults(); r < n; ++r) {
+      auto stateOf = main.getResultAttrOfType<IntegerAttr>(r, attr::kStateOf);
+      if (!stateOf || stateOf.getInt() != static_cast<int64_t>(i))
+        continue;
+      builder.setInsertionPoint(terminator);
+      Value next = terminator->getOperand(r);
+      if (next == wide) { // unchanged: return the argument itself
+        terminator->setOperand(r, argument);
+      } else {
+        terminator->setOperand(
+            r, shlo::buildConvert(builder, main.getLoc(), next, bf16));
+      }
+      results[r] = lowType;
+    }
+  }
+  main.setFunctionType(
+      FunctionType::get(main.getContext(), inputs, results));
+}
+
 /// `value` (f32) rounded to bf16 with the random words `bits` (ui32, same
 /// shape): the low 16 bits of each word are added to the value's bit
 /// pattern and the sum cut to its high 16 bits, so it rounds up with
@@ -90,10 +134,21 @@ public:
                          << llvm::toString(mode.takeError());
       return signalPassFailure();
     }
-    if (*mode == UpdateRounding::Nearest)
-      return;
+    if (!llvm::is_contained(optimizerStateDtypeNames(), optimizerState)) {
+      module.emitError() << "invalid option 'optimizer-state': unknown dtype '"
+                         << optimizerState << "' (accepted: f32, bf16)";
+      return signalPassFailure();
+    }
     auto main = module.lookupSymbol<func::FuncOp>("main");
     if (!main || !main.isPublic() || main.isExternal())
+      return;
+    if (optimizerState == "bf16") {
+      storeOptimizerStateLow(main);
+    } else {
+      for (unsigned i = 0, e = main.getNumArguments(); i < e; ++i)
+        main.removeArgAttr(i, attr::kOptimizerState);
+    }
+    if (*mode == UpdateRounding::Nearest)
       return;
     SmallVector<Operation *> converts = roundingConverts(main);
     if (converts.empty())

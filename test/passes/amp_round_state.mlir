@@ -6,6 +6,10 @@
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state)' | FileCheck %s --check-prefix=NEAREST
 // RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{rounding=up})' 2>&1 | FileCheck %s --check-prefix=BAD
 // BAD: error: invalid option 'rounding': unknown update rounding 'up' (accepted: nearest, stochastic)
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{optimizer-state=bf16})' | FileCheck %s --check-prefix=OPT
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{optimizer-state=bf16 rounding=stochastic})' | FileCheck %s --check-prefix=OPT-SR
+// RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{optimizer-state=f8})' 2>&1 | FileCheck %s --check-prefix=BAD-OPT
+// BAD-OPT: error: invalid option 'optimizer-state': unknown dtype 'f8' (accepted: f32, bf16)
 
 // Two bf16 states share one chain of random bits; the f32 state is left
 // alone; the key's next value is a state of the key argument, so
@@ -65,4 +69,33 @@ func.func public @untouched(%h: tensor<4xf16>, %b: tensor<4xbf16>, %u: tensor<4x
   %2 = stablehlo.convert %1 : (tensor<4xf32>) -> tensor<4xf16>
   %3 = stablehlo.convert %1 : (tensor<4xf32>) -> tensor<4xbf16>
   return %2, %3, %b : tensor<4xf16>, tensor<4xbf16>, tensor<4xbf16>
+}
+
+// -----
+
+// optimizer-state=bf16: the marked f32 moment becomes a bf16 argument read
+// back in f32, its new value is rounded to bf16 (stochastically, with
+// rounding=stochastic, like the bf16 parameter); a marked state returned
+// unchanged is returned as the bf16 argument; the unmarked f32 state and
+// the counter keep their dtypes. The marker is consumed.
+// OPT: func.func public @main(%[[W:arg0]]: tensor<4xbf16>, %[[M:arg1]]: tensor<4xbf16>, %[[G:arg2]]: tensor<4xf32>, %[[C:arg3]]: tensor<i32>, %[[K:arg4]]: tensor<4xf32>, %[[H:arg5]]: tensor<4xbf16>)
+// OPT-SAME: -> (tensor<4xbf16> {amp.state_of = 0 : i64}, tensor<4xbf16> {amp.state_of = 1 : i64}, tensor<i32> {amp.state_of = 3 : i64}, tensor<4xf32> {amp.state_of = 4 : i64}, tensor<4xbf16> {amp.state_of = 5 : i64})
+// OPT-NOT: amp.optimizer_state
+// OPT: %[[MW:.*]] = stablehlo.convert %[[M]] : (tensor<4xbf16>) -> tensor<4xf32>
+// OPT: %[[NEWM:.*]] = stablehlo.add %{{.*}}, %[[G]] : tensor<4xf32>
+// OPT: %[[LOWM:.*]] = stablehlo.convert %[[NEWM]] : (tensor<4xf32>) -> tensor<4xbf16>
+// OPT: return %{{.*}}, %[[LOWM]], %[[C]], %{{.*}}, %[[H]] :
+
+// OPT-SR: func.func public @main(%arg0: tensor<4xbf16>, %arg1: tensor<4xbf16>,
+// OPT-SR-COUNT-2: stablehlo.rng_bit_generator
+// OPT-SR-NOT: stablehlo.rng_bit_generator
+// OPT-SR: return
+func.func public @main(%w: tensor<4xbf16>, %m: tensor<4xf32> {amp.optimizer_state}, %g: tensor<4xf32>, %c: tensor<i32>, %k: tensor<4xf32>, %h: tensor<4xf32> {amp.optimizer_state}) -> (tensor<4xbf16> {amp.state_of = 0 : i64}, tensor<4xf32> {amp.state_of = 1 : i64}, tensor<i32> {amp.state_of = 3 : i64}, tensor<4xf32> {amp.state_of = 4 : i64}, tensor<4xf32> {amp.state_of = 5 : i64}) {
+  %0 = stablehlo.multiply %m, %g : tensor<4xf32>
+  %1 = stablehlo.add %0, %g : tensor<4xf32>
+  %2 = stablehlo.convert %w : (tensor<4xbf16>) -> tensor<4xf32>
+  %3 = stablehlo.subtract %2, %1 : tensor<4xf32>
+  %4 = stablehlo.convert %3 : (tensor<4xf32>) -> tensor<4xbf16>
+  %5 = stablehlo.add %k, %h : tensor<4xf32>
+  return %4, %1, %c, %5, %h : tensor<4xbf16>, tensor<4xf32>, tensor<i32>, tensor<4xf32>, tensor<4xf32>
 }

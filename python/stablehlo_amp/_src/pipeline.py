@@ -253,8 +253,9 @@ def build_pipeline(policy: Policy, options: RewriteOptions, *,
     passes.append(_pass_text(contract.REMATERIALIZE,
                              options.pass_options(contract.REMATERIALIZE)))
   round_state = options.pass_options(contract.ROUND_STATE)
-  if loss_scale and round_state["rounding"] != contract.default(
-      contract.ROUND_STATE, "rounding"):
+  if loss_scale and round_state != {
+      name: contract.default(contract.ROUND_STATE, name)
+      for name in round_state}:
     passes.append(_pass_text(contract.ROUND_STATE, round_state))
   if loss_scale:
     passes.append(_pass_text(contract.LOSS_SCALE, loss_scale))

@@ -300,6 +300,7 @@ class Marked:
 def lower_marked(jitted: Callable, args: Sequence, kwargs: dict, *,
                  param_flags: Sequence[bool], seed_leaf: int | None = None,
                  state_leaves: Sequence[tuple[int, int]] = (),
+                 optimizer_state_leaves: Sequence[int] = (),
                  use_export: bool = False) -> Marked:
   """Lowers `jitted` and marks its main for the passes (see `build`)."""
   start = time.perf_counter()
@@ -326,6 +327,10 @@ def lower_marked(jitted: Callable, args: Sequence, kwargs: dict, *,
     for i, flat in enumerate(kept):
       if not param_flags[flat]:
         marks.setdefault(i, []).append(contract.attribute("keep_dtype"))
+    for flat in optimizer_state_leaves:
+      if flat in position:
+        marks.setdefault(position[flat], []).append(
+            contract.attribute("optimizer_state"))
     if seed_leaf is not None:
       if seed_leaf not in position:
         raise pl.RewriteError("the loss does not depend on the seed")
@@ -346,6 +351,7 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
           options: pl.RewriteOptions, source_name: str,
           seed_leaf: int | None = None,
           state_leaves: Sequence[tuple[int, int]] = (),
+          optimizer_state_leaves: Sequence[int] = (),
           loss_scale: Any = None, use_export: bool = False,
           marked: Marked | None = None) -> Program:
   """Lowers `jitted`, rewrites it and returns the flat-called program.
@@ -354,6 +360,8 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
   `seed_leaf` is the flat input leaf holding the loss cotangent seed;
   `state_leaves` pairs (flat output leaf, flat input leaf) whose new value
   has the input's dtype and is kept only if the gradients are finite;
+  `optimizer_state_leaves` are the flat input leaves of optimizer state
+  (`amp-round-state` may store them in a lower precision);
   `loss_scale` is the loss scale whose `amp-loss-scale` pass to run.
   `use_export` builds through `jax.export` and calls through
   `Exported.call` (for explicit shardings, which it applies). `marked` is
@@ -366,7 +374,9 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
   if marked is None:
     marked = lower_marked(jitted, export_args, export_kwargs,
                           param_flags=param_flags, seed_leaf=seed_leaf,
-                          state_leaves=state_leaves, use_export=use_export)
+                          state_leaves=state_leaves,
+                          optimizer_state_leaves=optimizer_state_leaves,
+                          use_export=use_export)
   started = time.perf_counter()
   context = pl.ir_context()
   module, kept, out_tree, exported = (marked.module, marked.kept,

@@ -45,17 +45,31 @@ def _param_flags(tree: Any) -> list[bool]:
           for x in _leaves(tree)]
 
 
-def _lowering_inputs(params: Any, *others: Any) -> tuple[tuple, list, list]:
+def _stored_low(x: Any) -> bool:
+  """Whether opt_state_dtype="bf16" stores an optimizer-state leaf in bf16:
+  f32 tensors (moments, momentum, accumulated gradients). Scalars stay as
+  they are: hyperparameters (Adam's b2 = 0.999 is 1.0 in bf16, and its bias
+  correction would divide by zero) and counters."""
+  return (is_float(x) and jnp.ndim(x) > 0 and
+          jnp.dtype(jax_compat.dtype_of(x)) in (jnp.dtype(jnp.float32),
+                                               jnp.dtype(jnp.bfloat16)))
+
+
+def _lowering_inputs(params: Any, *others: Any,
+                     f32_leaves: Sequence[int] = ()
+                     ) -> tuple[tuple, list, list]:
   """What a step's program is lowered and called with: the export specs of
   ``(params, *others)`` (float parameters as f32: the pass gives them the
-  `p=` dtype), the parameter flag of each leaf, and the leaves."""
+  `p=` dtype; the flat leaves `f32_leaves`, optimizer state the pass stores
+  low, as f32 too), the parameter flag of each leaf, and the leaves."""
   trees = (params, *others)
   leaves, treedef = jax.tree_util.tree_flatten(trees)
   flags = _param_flags(params) + [False] * (len(leaves) - len(_leaves(params)))
   avals = [jax.ShapeDtypeStruct(jnp.shape(x), jax_compat.dtype_of(x))
            for x in leaves]
+  as_f32 = [flag or i in f32_leaves for i, flag in enumerate(flags)]
   specs = jax.tree_util.tree_unflatten(treedef,
-                                       prog.export_specs(avals, flags))
+                                       prog.export_specs(avals, as_f32))
   return tuple(specs), flags, leaves
 
 
@@ -207,7 +221,7 @@ class _LossScaledProgram:
 
   def _build(self, key: Any, inner: Callable, export_args: tuple,
              param_flags: list, seed_leaf: int, loss_scale: LossScale,
-             state_leaves=()) -> prog.Program:
+             state_leaves=(), optimizer_state_leaves=()) -> prog.Program:
     if key in self._programs:  # the outer jit traced again (committedness)
       return self._programs[key]
     self.rewrite_count += 1
@@ -215,7 +229,9 @@ class _LossScaledProgram:
                          policy=self.policy, options=self._options,
                          source_name=function_name(self.fun),
                          seed_leaf=seed_leaf,
-                         state_leaves=state_leaves, loss_scale=loss_scale)
+                         state_leaves=state_leaves,
+                         optimizer_state_leaves=optimizer_state_leaves,
+                         loss_scale=loss_scale)
     self._programs[key] = program
     return program
 
@@ -474,6 +490,11 @@ class TrainStep(_LossScaledProgram):
             (lambda x: x))
     params = jax.tree_util.tree_map(copy, params)
     opt_state = self.optimizer.init(_optimizer_view(params))
+    if self._options.opt_state_dtype == "bf16":
+      # Stored in bf16 (the step reads and updates it in f32).
+      opt_state = jax.tree_util.tree_map(
+          lambda x: x.astype(jnp.bfloat16) if _stored_low(x) else x,
+          opt_state)
     params = jax.tree_util.tree_map(
         lambda x: x.astype(self.policy.param_dtype)
         if is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
@@ -541,8 +562,15 @@ class TrainStep(_LossScaledProgram):
     with_state = model_state is not None
     inner = (self._inner_with_state if with_state else
              self._inner_without_state)
-    export_args, flags, leaves = _lowering_inputs(params, opt_state,
-                                                  model_state, batch, seed)
+    # With opt_state_dtype="bf16" the optimizer's float tensors are carried
+    # in bf16; the step computes them in f32 and amp-round-state stores
+    # them low.
+    first = len(_leaves(params))
+    low_state = ([first + i for i, x in enumerate(_leaves(opt_state))
+                  if _stored_low(x)]
+                 if self._options.opt_state_dtype == "bf16" else [])
+    export_args, flags, leaves = _lowering_inputs(
+        params, opt_state, model_state, batch, seed, f32_leaves=low_state)
     # The new parameters, optimizer state and model state are the outputs
     # after the loss and aux; each is the new value of the input leaf in the
     # same place, kept only when the gradients are finite.
@@ -557,7 +585,7 @@ class TrainStep(_LossScaledProgram):
     state_leaves = [(loss_aux + i, i) for i in range(carried)]
     program = self._build(self._program_key(state, batch), inner, export_args,
                           flags, len(leaves) - 1, state.loss_scale,
-                          state_leaves)
+                          state_leaves, optimizer_state_leaves=low_state)
     histories = self._histories(program, state.amax_history)
     outputs, extra = program.call(leaves, _extra_inputs(
         program, histories, state.loss_scale, state.rounding_key))
