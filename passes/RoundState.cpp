@@ -17,6 +17,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 namespace mlir::amp {
 #define GEN_PASS_DEF_AMPROUNDSTATEPASS
@@ -53,8 +54,10 @@ SmallVector<Operation *> roundingConverts(func::FuncOp main) {
 /// Stores the f32 arguments of `main` marked amp.optimizer_state in bf16:
 /// each becomes a bf16 argument converted back to f32 where it is read, and
 /// its new value (the result marked amp.state_of it) is converted to bf16
-/// before the return. The marker is consumed.
-void storeOptimizerStateLow(func::FuncOp main) {
+/// before the return, to nearest (see Passes.td). The marker is consumed.
+/// Returns those converts.
+llvm::SmallPtrSet<Operation *, 8> storeOptimizerStateLow(func::FuncOp main) {
+  llvm::SmallPtrSet<Operation *, 8> roundings;
   OpBuilder builder(main.getContext());
   Type bf16 = builder.getBF16Type();
   Operation *terminator = main.front().getTerminator();
@@ -84,14 +87,16 @@ void storeOptimizerStateLow(func::FuncOp main) {
       if (next == wide) { // unchanged: return the argument itself
         terminator->setOperand(r, argument);
       } else {
-        terminator->setOperand(
-            r, shlo::buildConvert(builder, main.getLoc(), next, bf16));
+        Value low = shlo::buildConvert(builder, main.getLoc(), next, bf16);
+        roundings.insert(low.getDefiningOp());
+        terminator->setOperand(r, low);
       }
       results[r] = lowType;
     }
   }
   main.setFunctionType(
       FunctionType::get(main.getContext(), inputs, results));
+  return roundings;
 }
 
 /// `value` (f32) rounded to bf16 with the random words `bits` (ui32, same
@@ -142,15 +147,21 @@ public:
     auto main = module.lookupSymbol<func::FuncOp>("main");
     if (!main || !main.isPublic() || main.isExternal())
       return;
+    llvm::SmallPtrSet<Operation *, 8> optimizerRoundings;
     if (optimizerState == "bf16") {
-      storeOptimizerStateLow(main);
+      optimizerRoundings = storeOptimizerStateLow(main);
     } else {
       for (unsigned i = 0, e = main.getNumArguments(); i < e; ++i)
         main.removeArgAttr(i, attr::kOptimizerState);
     }
     if (*mode == UpdateRounding::Nearest)
       return;
+    // Parameters only: the optimizer state stored low keeps its rounding to
+    // nearest (see Passes.td).
     SmallVector<Operation *> converts = roundingConverts(main);
+    llvm::erase_if(converts, [&](Operation *convert) {
+      return optimizerRoundings.contains(convert);
+    });
     if (converts.empty())
       return;
     roundWithKey(main, converts);

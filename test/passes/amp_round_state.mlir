@@ -74,8 +74,8 @@ func.func public @untouched(%h: tensor<4xf16>, %b: tensor<4xbf16>, %u: tensor<4x
 // -----
 
 // optimizer-state=bf16: the marked f32 moment becomes a bf16 argument read
-// back in f32, its new value is rounded to bf16 (stochastically, with
-// rounding=stochastic, like the bf16 parameter); a marked state returned
+// back in f32, its new value is rounded to bf16 to nearest (with
+// rounding=stochastic only the bf16 parameter draws bits); a marked state returned
 // unchanged is returned as the bf16 argument; the unmarked f32 state and
 // the counter keep their dtypes. The marker is consumed.
 // OPT: func.func public @main(%[[W:arg0]]: tensor<4xbf16>, %[[M:arg1]]: tensor<4xbf16>, %[[G:arg2]]: tensor<4xf32>, %[[C:arg3]]: tensor<i32>, %[[K:arg4]]: tensor<4xf32>, %[[H:arg5]]: tensor<4xbf16>)
@@ -87,9 +87,11 @@ func.func public @untouched(%h: tensor<4xf16>, %b: tensor<4xbf16>, %u: tensor<4x
 // OPT: return %{{.*}}, %[[LOWM]], %[[C]], %{{.*}}, %[[H]] :
 
 // OPT-SR: func.func public @main(%arg0: tensor<4xbf16>, %arg1: tensor<4xbf16>,
-// OPT-SR-COUNT-2: stablehlo.rng_bit_generator
+// OPT-SR-COUNT-1: stablehlo.rng_bit_generator
 // OPT-SR-NOT: stablehlo.rng_bit_generator
-// OPT-SR: return
+// OPT-SR: %[[LOWW:.*]] = stablehlo.convert %{{.*}} : (tensor<4xf32>) -> tensor<4xbf16>
+// OPT-SR: %[[LOWM:.*]] = stablehlo.convert %{{.*}} : (tensor<4xf32>) -> tensor<4xbf16>
+// OPT-SR: return %[[LOWW]], %[[LOWM]],
 func.func public @main(%w: tensor<4xbf16>, %m: tensor<4xf32> {amp.optimizer_state}, %g: tensor<4xf32>, %c: tensor<i32>, %k: tensor<4xf32>, %h: tensor<4xf32> {amp.optimizer_state}) -> (tensor<4xbf16> {amp.state_of = 0 : i64}, tensor<4xf32> {amp.state_of = 1 : i64}, tensor<i32> {amp.state_of = 3 : i64}, tensor<4xf32> {amp.state_of = 4 : i64}, tensor<4xf32> {amp.state_of = 5 : i64}) {
   %0 = stablehlo.multiply %m, %g : tensor<4xf32>
   %1 = stablehlo.add %0, %g : tensor<4xf32>

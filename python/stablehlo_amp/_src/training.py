@@ -564,7 +564,7 @@ class TrainStep(_LossScaledProgram):
              self._inner_without_state)
     # With opt_state_dtype="bf16" the optimizer's float tensors are carried
     # in bf16; the step computes them in f32 and amp-round-state stores
-    # them low.
+    # them low (rounded to nearest).
     first = len(_leaves(params))
     low_state = ([first + i for i, x in enumerate(_leaves(opt_state))
                   if _stored_low(x)]
