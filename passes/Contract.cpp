@@ -7,6 +7,7 @@
 #include "StableHLO.h"
 
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
@@ -279,21 +280,27 @@ llvm::StringRef mlir::amp::fp8IneligibilityText(Fp8Ineligibility why) {
 }
 
 //===----------------------------------------------------------------------===//
-// The contract as JSON
-//===----------------------------------------------------------------------===//
-
-//===----------------------------------------------------------------------===//
 // State rounding
 //===----------------------------------------------------------------------===//
 
 namespace {
 constexpr llvm::StringRef kUpdateRoundingNames[] = {"nearest", "stochastic"};
 constexpr llvm::StringRef kOptimizerStateDtypeNames[] = {"f32", "bf16"};
-} // namespace
+// amp-fp8-gemms' scalings, for its entry option and the contract.
+constexpr llvm::StringRef kFp8ScalingNames[] = {"current", "delayed"};
 
-llvm::ArrayRef<llvm::StringRef> mlir::amp::optimizerStateDtypeNames() {
-  return kOptimizerStateDtypeNames;
+/// The position of `text` among `names`, or an error naming them all.
+llvm::Expected<size_t> closedChoice(llvm::StringRef text,
+                                    llvm::ArrayRef<llvm::StringRef> names,
+                                    llvm::StringRef what) {
+  for (auto [index, name] : llvm::enumerate(names))
+    if (text.trim() == name)
+      return index;
+  return llvm::createStringError("unknown " + what + " '" + text +
+                                 "' (accepted: " + llvm::join(names, ", ") +
+                                 ")");
 }
+} // namespace
 
 llvm::ArrayRef<llvm::StringRef> mlir::amp::updateRoundingNames() {
   return kUpdateRoundingNames;
@@ -301,12 +308,24 @@ llvm::ArrayRef<llvm::StringRef> mlir::amp::updateRoundingNames() {
 
 llvm::Expected<UpdateRounding>
 mlir::amp::parseUpdateRounding(llvm::StringRef text) {
-  if (text.trim() == "nearest")
-    return UpdateRounding::Nearest;
-  if (text.trim() == "stochastic")
-    return UpdateRounding::Stochastic;
-  return llvm::createStringError("unknown update rounding '" + text +
-                                 "' (accepted: nearest, stochastic)");
+  llvm::Expected<size_t> index =
+      closedChoice(text, kUpdateRoundingNames, "update rounding");
+  if (!index)
+    return index.takeError();
+  return static_cast<UpdateRounding>(*index);
+}
+
+llvm::ArrayRef<llvm::StringRef> mlir::amp::optimizerStateDtypeNames() {
+  return kOptimizerStateDtypeNames;
+}
+
+llvm::Expected<OptimizerStateDtype>
+mlir::amp::parseOptimizerStateDtype(llvm::StringRef text) {
+  llvm::Expected<size_t> index =
+      closedChoice(text, kOptimizerStateDtypeNames, "optimizer-state dtype");
+  if (!index)
+    return index.takeError();
+  return static_cast<OptimizerStateDtype>(*index);
 }
 
 //===----------------------------------------------------------------------===//
@@ -314,8 +333,6 @@ mlir::amp::parseUpdateRounding(llvm::StringRef text) {
 //===----------------------------------------------------------------------===//
 
 namespace {
-constexpr llvm::StringRef kFp8ScalingNames[] = {"current", "delayed"};
-
 /// The canonical spelling of a closed choice on a target, or the parser's
 /// error naming the accepted values.
 using Canonicalizer = llvm::Expected<std::string> (*)(llvm::StringRef value,
@@ -344,28 +361,24 @@ llvm::Expected<std::string> canonicalStorage(llvm::StringRef value,
 }
 llvm::Expected<std::string> canonicalFp8Scaling(llvm::StringRef value,
                                                 Target) {
-  for (llvm::StringRef name : kFp8ScalingNames)
-    if (value.trim() == name)
-      return name.str();
-  return llvm::createStringError("unknown fp8_scaling '" + value +
-                                 "' (accepted: current, delayed)");
+  llvm::Expected<size_t> index =
+      closedChoice(value, kFp8ScalingNames, "fp8_scaling");
+  if (!index)
+    return index.takeError();
+  return kFp8ScalingNames[*index].str();
 }
-
 llvm::Expected<std::string> canonicalUpdateRounding(llvm::StringRef value,
                                                     Target) {
-  llvm::Expected<UpdateRounding> parsed = parseUpdateRounding(value);
-  if (!parsed)
-    return parsed.takeError();
-  return kUpdateRoundingNames[static_cast<int>(*parsed)].str();
+  return canonical(parseUpdateRounding(value), [](UpdateRounding rounding) {
+    return kUpdateRoundingNames[static_cast<int>(rounding)];
+  });
 }
-
 llvm::Expected<std::string> canonicalOptimizerStateDtype(llvm::StringRef value,
                                                          Target) {
-  for (llvm::StringRef name : kOptimizerStateDtypeNames)
-    if (value.trim() == name)
-      return name.str();
-  return llvm::createStringError("unknown optimizer-state dtype '" + value +
-                                 "' (accepted: f32, bf16)");
+  return canonical(parseOptimizerStateDtype(value),
+                   [](OptimizerStateDtype dtype) {
+                     return kOptimizerStateDtypeNames[static_cast<int>(dtype)];
+                   });
 }
 
 llvm::json::Value levelDefault(Target target) {
@@ -467,6 +480,10 @@ mlir::amp::canonicalOptionValue(llvm::StringRef name, llvm::StringRef value,
   return llvm::createStringError("no closed-choice option '" + name +
                                  "' (options: " + closed + ")");
 }
+
+//===----------------------------------------------------------------------===//
+// The contract as JSON
+//===----------------------------------------------------------------------===//
 
 namespace {
 llvm::json::Array strings(llvm::ArrayRef<llvm::StringRef> values) {

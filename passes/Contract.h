@@ -225,10 +225,6 @@ llvm::StringRef fp8IneligibilityId(Fp8Ineligibility why);
 llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);
 
 //===----------------------------------------------------------------------===//
-// The whole contract, for the extension
-//===----------------------------------------------------------------------===//
-
-//===----------------------------------------------------------------------===//
 // State rounding
 //===----------------------------------------------------------------------===//
 
@@ -237,8 +233,11 @@ llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);
 enum class UpdateRounding { Nearest, Stochastic };
 llvm::ArrayRef<llvm::StringRef> updateRoundingNames();
 llvm::Expected<UpdateRounding> parseUpdateRounding(llvm::StringRef text);
-/// The dtypes amp-round-state stores optimizer state in.
+/// The dtype amp-round-state stores optimizer state in.
+enum class OptimizerStateDtype { F32, BF16 };
 llvm::ArrayRef<llvm::StringRef> optimizerStateDtypeNames();
+llvm::Expected<OptimizerStateDtype>
+parseOptimizerStateDtype(llvm::StringRef text);
 
 //===----------------------------------------------------------------------===//
 // Entry-point options
@@ -255,6 +254,10 @@ enum class OptionKind { Choice, OpNames, Bool, Int, Ints };
 llvm::Expected<std::string> canonicalOptionValue(llvm::StringRef name,
                                                  llvm::StringRef value,
                                                  llvm::StringRef target);
+
+//===----------------------------------------------------------------------===//
+// The whole contract, for the extension
+//===----------------------------------------------------------------------===//
 
 /// The contract as JSON: policy vocabulary, option choices and defaults of
 /// every pass, the options the entry points take, attribute names, the

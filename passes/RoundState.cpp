@@ -139,16 +139,18 @@ public:
                          << llvm::toString(mode.takeError());
       return signalPassFailure();
     }
-    if (!llvm::is_contained(optimizerStateDtypeNames(), optimizerState)) {
-      module.emitError() << "invalid option 'optimizer-state': unknown dtype '"
-                         << optimizerState << "' (accepted: f32, bf16)";
+    llvm::Expected<OptimizerStateDtype> stateDtype =
+        parseOptimizerStateDtype(optimizerState);
+    if (!stateDtype) {
+      module.emitError() << "invalid option 'optimizer-state': "
+                         << llvm::toString(stateDtype.takeError());
       return signalPassFailure();
     }
     auto main = module.lookupSymbol<func::FuncOp>("main");
     if (!main || !main.isPublic() || main.isExternal())
       return;
     llvm::SmallPtrSet<Operation *, 8> optimizerRoundings;
-    if (optimizerState == "bf16") {
+    if (*stateDtype == OptimizerStateDtype::BF16) {
       optimizerRoundings = storeOptimizerStateLow(main);
     } else {
       for (unsigned i = 0, e = main.getNumArguments(); i < e; ++i)

@@ -14,6 +14,16 @@ import stablehlo_amp as amp
 BF16 = "p=bf16,c=bf16,o=f32"
 
 
+def _assert_bit_identical(expected, got):
+  """Same structure, dtypes and bits, leaf by leaf."""
+  assert (jax.tree_util.tree_structure(expected) ==
+          jax.tree_util.tree_structure(got))
+  for a, b in zip(jax.tree_util.tree_leaves(expected),
+                  jax.tree_util.tree_leaves(got)):
+    assert np.asarray(a).dtype == np.asarray(b).dtype
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def _linear(w, b):
   return jnp.sum(w * b)  # the gradient is b: each SGD update is -lr * b
 
@@ -89,11 +99,8 @@ def test_an_overflowed_step_leaves_parameters_and_key_bit_identical():
   state, _ = step(state, jnp.full((256,), 0.5))
   after, metrics = step(state, jnp.full((256,), jnp.inf))
   assert not bool(metrics["grads_finite"])
-  for old, new in zip(jax.tree_util.tree_leaves(
-      (state.params, state.opt_state, state.rounding_key)),
-                      jax.tree_util.tree_leaves(
-      (after.params, after.opt_state, after.rounding_key))):
-    np.testing.assert_array_equal(np.asarray(old), np.asarray(new))
+  _assert_bit_identical((state.params, state.opt_state, state.rounding_key),
+                        (after.params, after.opt_state, after.rounding_key))
 
 
 def test_a_checkpoint_holds_the_key_and_training_resumes_identically():
@@ -112,9 +119,7 @@ def test_a_checkpoint_holds_the_key_and_training_resumes_identically():
   np.testing.assert_array_equal(restored.rounding_key, state.rounding_key)
   for batch in batches[3:]:
     restored, _ = step(restored, batch)
-  for a, b in zip(jax.tree_util.tree_leaves(restored),
-                  jax.tree_util.tree_leaves(straight)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  _assert_bit_identical(restored, straight)
 
 
 def test_stochastic_rounding_needs_bf16_parameters_and_a_state_with_a_key():
@@ -212,11 +217,8 @@ def test_an_overflowed_step_leaves_low_moments_bit_identical():
   x, y = batch
   after, metrics = step(state, (x.at[0, 0].set(jnp.inf), y))
   assert not bool(metrics["grads_finite"])
-  for old, new in zip(jax.tree_util.tree_leaves(
-      (state.params, state.opt_state, state.rounding_key)),
-                      jax.tree_util.tree_leaves(
-      (after.params, after.opt_state, after.rounding_key))):
-    np.testing.assert_array_equal(np.asarray(old), np.asarray(new))
+  _assert_bit_identical((state.params, state.opt_state, state.rounding_key),
+                        (after.params, after.opt_state, after.rounding_key))
 
 
 def test_a_checkpoint_of_low_moments_resumes_identically():
@@ -234,7 +236,4 @@ def test_a_checkpoint_of_low_moments_resumes_identically():
                                       serialization.to_bytes(state))
   for _ in range(2):
     restored, _ = step(restored, batch)
-  for a, b in zip(jax.tree_util.tree_leaves(restored),
-                  jax.tree_util.tree_leaves(straight)):
-    assert np.asarray(a).dtype == np.asarray(b).dtype
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  _assert_bit_identical(restored, straight)

@@ -98,6 +98,16 @@ def accepted_options(stateful: bool) -> list[str]:
           if not spec["internal"] and (stateful or not spec["stateful"])]
 
 
+def check_option_names(given: Iterable[str], stateful: bool) -> None:
+  """TypeError naming the keywords that are none of the rewrite options an
+  entry point takes (`stateful`: one that carries state across steps)."""
+  accepted = accepted_options(stateful)
+  unknown = sorted(set(given) - set(accepted))
+  if unknown:
+    raise TypeError(unknown_options_message(
+        unknown, accepted, accepted_options(stateful=True)))
+
+
 def options_help(stateful: bool, indent: int = 0) -> str:
   """One line per option an entry point takes: its name, the pass's help,
   its choices and default; for docstrings."""
@@ -134,11 +144,8 @@ class RewriteOptions:
 
   @classmethod
   def make(cls, **given: Any) -> "RewriteOptions":
+    check_option_names(given, stateful=True)
     table = contract.options()
-    accepted = [name for name, spec in table.items() if not spec["internal"]]
-    unknown = sorted(set(given) - set(accepted))
-    if unknown:
-      raise TypeError(unknown_options_message(unknown, accepted))
     # The target first: other options' defaults and spellings depend on it.
     target_name = contract.target_option()
     target = _amp.canonical_option(

@@ -195,8 +195,7 @@ class _LossScaledProgram:
   def __init__(self, fun: Callable, policy: Policy | str, options: dict):
     self.fun = fun
     self.policy = as_policy(policy)
-    accepted = pl.accepted_options(self._stateful)
-    unknown = sorted(set(options) - set(accepted))
+    unknown = set(options) - set(pl.accepted_options(self._stateful))
     elsewhere = {
         "params": "params= selects the parameter arguments of amp.transform; "
                   "here the parameters are the params pytree (argnums for "
@@ -208,13 +207,11 @@ class _LossScaledProgram:
         "tolerance": "tolerance= is calibration's budget, on amp.transform",
         "error_measure": "error_measure= measures calibration's budget, on "
                          "amp.transform"}
-    for name in unknown:
+    for name in sorted(unknown):
       if name in elsewhere:
         raise TypeError(f"{type(self).__name__} does not take {name}=: "
                         f"{elsewhere[name]}")
-    if unknown:
-      raise TypeError(pl.unknown_options_message(
-          unknown, accepted, pl.accepted_options(stateful=True)))
+    pl.check_option_names(options, self._stateful)
     self._options = pl.RewriteOptions.make(**options)
     self._programs: dict = {}  # by input signature, for `lower`
     self.rewrite_count = 0

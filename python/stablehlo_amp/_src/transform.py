@@ -556,11 +556,7 @@ OPTIONS
   inherited = jax_compat.jit_options(fun)
   if inherited:
     fun = jax_compat.unwrap_jit(fun)
-  unknown = sorted(set(options) - set(pl.accepted_options(stateful=False)))
-  if unknown:
-    raise TypeError(pl.unknown_options_message(
-        unknown, pl.accepted_options(stateful=False),
-        pl.accepted_options(stateful=True)))
+  pl.check_option_names(options, stateful=False)
   options = pl.RewriteOptions.make(**options)
   params_tuple = None if params is None else prog.as_tuple(params, "params")
   if params_tuple is not None:
