@@ -463,9 +463,13 @@ def timed_build(fn: Callable) -> tuple[Any, float]:
 
 def run_interleaved(builts: Sequence[Built], batches: Iterator, steps: int,
                     progress: Callable[[int], None] | None = None,
-                    deadline: float | None = None) -> dict:
+                    deadline: float | None = None,
+                    evaluate: Callable[[int, dict], None] | None = None
+                    ) -> dict:
   """Runs every variant one step at a time on the same batch, rotating the
   order each step so no variant always follows the same neighbour.
+  `evaluate(done, states)` runs after each step, outside the timing
+  (states by variant name).
 
   Returns per-variant lists: seconds per step, train loss, grads finite.
   """
@@ -486,6 +490,8 @@ def run_interleaved(builts: Sequence[Built], batches: Iterator, steps: int,
       log[b.name]["loss"].append(float(loss))
       log[b.name]["finite"].append(bool(finite))
     done = i + 1
+    if evaluate:
+      evaluate(done, states)
     if progress:
       progress(done)
     if deadline is not None and time.perf_counter() > deadline:

@@ -12,6 +12,9 @@ model and writes bench/results/peers[-quick|-smoke].json.
     python -m bench.peers --quick    # 10 steps, 1 seed
     python -m bench.peers --smoke    # tiny models, 2 steps: checks the script
     python -m bench.peers --variants f32,ours-bf16,jmp-bf16 --models lm
+    python -m bench.peers --models mlp --steps 2000 --eval-every 250 \
+        --lr 1e-4 --variants f32,ours-bf16-params-bf16-rounding-kahan
+                                     # held-out curves at another rate
 
 A seed picks the initial parameters and the order of the training batches;
 the held-out batches are the same for every seed. The held-out loss of each
@@ -47,6 +50,7 @@ Variants (all with f32 master parameters except all-bf16):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -339,7 +343,8 @@ def build_mpx(model: common.Model, batch, half,
 _OURS_KEYS = {"storage": ("f32", "compute"), "level": ("O1", "O2", "O3"),
               "gemm": ("f8", "f8e4m3fn", "f8e5m2"),
               "scaling": ("current", "delayed"), "params": ("bf16",),
-              "rounding": ("nearest", "stochastic"), "moments": ("bf16",)}
+              "rounding": ("nearest", "stochastic", "kahan"),
+              "moments": ("bf16",)}
 
 
 def _ours_options(variant: str) -> dict:
@@ -426,9 +431,12 @@ def build(variant: str, model: common.Model, batch,
 
 def bench_model(make_model, variants, steps: int, warmup: int,
                 seeds=(0,), builders=None, deadline: float | None = None,
-                donate: bool = True, target: str | None = None) -> dict:
+                donate: bool = True, target: str | None = None,
+                eval_every: int = 0) -> dict:
   """Builds every variant once (on seed `seeds[0]`'s model), trains them
-  interleaved from each seed's parameters, returns rows + table.
+  interleaved from each seed's parameters, returns rows + table. With
+  `eval_every`, the held-out loss of every variant every that many steps
+  too (the curve).
 
   `make_model(seed)` gives the model of a seed; `builders` maps a variant
   to `builder(model, host_batch, donate)` replacing `build`."""
@@ -486,8 +494,18 @@ def bench_model(make_model, variants, steps: int, warmup: int,
     remaining = (None if deadline is None else
                  time.perf_counter() + (deadline - time.perf_counter()) /
                  (len(seeds) - index))
+    curve: dict = {b.name: {} for b in builts}
+
+    def evaluate(done: int, states: dict, seed_model=seed_model,
+                 curve=curve) -> None:
+      if eval_every and (done % eval_every == 0 or done == steps):
+        for b in builts:
+          curve[b.name][done] = common.held_out_loss(
+              seed_model, b.params_of(states[b.name]), eval_fn)
+
     run = common.run_interleaved(builts, seed_model.train, steps, progress,
-                                 remaining)
+                                 remaining, evaluate)
+    run["curve"] = curve
     if run["steps"] < steps:
       print(f"\n  seed {seed}: stopped after {run['steps']} steps (time "
             "budget)")
@@ -507,6 +525,9 @@ def bench_model(make_model, variants, steps: int, warmup: int,
     if finals:
       row["notes"]["final_by_seed"] = finals
   table = common.markdown_table(rows)
+  curve = _curve(runs, [b.name for b in builts], baseline) if eval_every else {}
+  if curve:
+    table += "\n\n" + curve.pop("table")
   for variant, why in skipped.items():
     table += f"\n| {LABELS.get(variant, variant)} | not run: {why} |"
   for variant, failure in failed.items():
@@ -520,7 +541,39 @@ def bench_model(make_model, variants, steps: int, warmup: int,
           "warmup": used_warmup, "train_seconds": train_s,
           "donated": donate, "baseline": baseline, "rows": rows,
           "skipped_variants": skipped, "failed_variants": failed,
-          "table": table}
+          "curve": curve, "table": table}
+
+
+def _curve(runs: list, names: list, baseline: str) -> dict:
+  """Held-out loss by step: per variant and step, the mean and sample sd
+  over seeds of the loss, and of its difference from `baseline`'s on the
+  same seed; and a markdown table of them."""
+  steps = sorted(set.intersection(*(set(r["curve"][names[0]]) for r in runs)))
+  out: dict = {"steps": steps, "loss": {}, "delta": {}}
+  for name in names:
+    out["loss"][name] = [common.spread([r["curve"][name][s] for r in runs])
+                         for s in steps]
+    out["delta"][name] = [common.spread([r["curve"][name][s] -
+                                         r["curve"][baseline][s]
+                                         for r in runs]) for s in steps]
+
+  def cell(d: dict) -> str:
+    return (f"{d['mean']:+.4f}" if d["sd"] is None else
+            f"{d['mean']:+.4f} ± {d['sd']:.4f}")
+  header = ([f"{LABELS.get(baseline, baseline)} held-out"] +
+            [f"{LABELS.get(n, n)} Δ" for n in names if n != baseline])
+  lines = ["| step | " + " | ".join(header) + " |",
+           "|---" * (len(header) + 1) + "|"]
+  for i, s in enumerate(steps):
+    base = out["loss"][baseline][i]
+    first = (f"{base['mean']:.4f}" if base["sd"] is None else
+             f"{base['mean']:.4f} ± {base['sd']:.4f}")
+    lines.append(f"| {s} | {first} | " + " | ".join(
+        cell(out["delta"][n][i]) for n in names if n != baseline) + " |")
+  out["table"] = ("Held-out loss by step (Δ: difference from "
+                  f"{LABELS.get(baseline, baseline)} on the same seed, mean ± "
+                  "sd over seeds):\n\n" + "\n".join(lines))
+  return out
 
 
 def check_targets(name: str, result: dict) -> dict:
@@ -585,6 +638,12 @@ def main(argv=None) -> int:
   parser.add_argument("--variants", help="default "
                       f"{','.join(DEFAULT_VARIANTS)}; --smoke "
                       f"{','.join(SMOKE_VARIANTS)}")
+  parser.add_argument("--eval-every", type=int, default=0,
+                      help="held-out loss every N steps too: the curve "
+                      "(mean ± sd over seeds)")
+  parser.add_argument("--lr", type=float,
+                      help="Adam's learning rate for every model (default: "
+                      "each model's own)")
   parser.add_argument("--json", help="output path (default "
                       "bench/results/peers[-quick|-smoke].json)")
   args = parser.parse_args(argv)
@@ -607,12 +666,16 @@ def main(argv=None) -> int:
              "models": {}}
   configs = (common.smoke_configs() if args.smoke else
              {"lm": common.LMConfig(), "mlp": common.MLPConfig()})
+  if args.lr is not None:
+    configs = {name: dataclasses.replace(config,
+                                                learning_rate=args.lr)
+               for name, config in configs.items()}
   makers = {"lm": lambda seed: common.make_lm(configs["lm"], seed=seed),
             "mlp": lambda seed: common.make_mlp(configs["mlp"], seed=seed)}
   for name in args.models.split(","):
     print(f"\n## {makers[name](seeds[0]).description}")
     result = bench_model(makers[name], variants, steps, warmup, seeds,
-                         donate=donate)
+                         donate=donate, eval_every=args.eval_every)
     result["targets"] = check_targets(name, result)
     results["models"][name] = result
     print()

@@ -284,7 +284,8 @@ llvm::StringRef mlir::amp::fp8IneligibilityText(Fp8Ineligibility why) {
 //===----------------------------------------------------------------------===//
 
 namespace {
-constexpr llvm::StringRef kUpdateRoundingNames[] = {"nearest", "stochastic"};
+constexpr llvm::StringRef kUpdateRoundingNames[] = {"nearest", "stochastic",
+                                              "kahan"};
 constexpr llvm::StringRef kOptimizerStateDtypeNames[] = {"f32", "bf16"};
 // amp-fp8-gemms' scalings, for its entry option and the contract.
 constexpr llvm::StringRef kFp8ScalingNames[] = {"current", "delayed"};
@@ -706,6 +707,7 @@ std::string mlir::amp::contractJson() {
       {"loss_scale_counter", attr::kLossScaleCounter},
       {"grads_finite", attr::kGradsFinite},
       {"rounding_key", attr::kRoundingKey},
+      {"compensation", attr::kCompensation},
       {"optimizer_state", attr::kOptimizerState},
       {"decision", attr::kDecision},
       {"cotangent", attr::kCotangent},

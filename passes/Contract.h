@@ -58,6 +58,10 @@ inline constexpr llvm::StringLiteral kGradsFinite = "amp.grads_finite";
 /// Argument and result attribute amp-round-state puts on the random-bit
 /// state it appends (ui32[4]; the result is the next state).
 inline constexpr llvm::StringLiteral kRoundingKey = "amp.rounding_key";
+/// Argument and result attribute `amp.compensation = N` amp-round-state
+/// puts on the Kahan compensation buffer of argument N (a bf16 parameter)
+/// it appends; the result is the buffer's next value.
+inline constexpr llvm::StringLiteral kCompensation = "amp.compensation";
 /// Argument attribute: this f32 argument is optimizer state that
 /// amp-round-state may store in a lower precision (with its new value, the
 /// result marked amp.state_of it). Consumed by amp-round-state.
@@ -229,8 +233,10 @@ llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);
 //===----------------------------------------------------------------------===//
 
 /// How amp-round-state rounds a step's new low-precision state from its f32
-/// value: to nearest (what a convert does), or stochastically (unbiased).
-enum class UpdateRounding { Nearest, Stochastic };
+/// value: to nearest (what a convert does), stochastically (unbiased), or to
+/// nearest with a bf16 compensation buffer carrying each rounding's error
+/// into the next step (Kahan).
+enum class UpdateRounding { Nearest, Stochastic, Kahan };
 llvm::ArrayRef<llvm::StringRef> updateRoundingNames();
 llvm::Expected<UpdateRounding> parseUpdateRounding(llvm::StringRef text);
 /// The dtype amp-round-state stores optimizer state in.

@@ -392,6 +392,22 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     a pure function of its state, and `amp-loss-scale` keeps the old state
     on a skipped step: an overflowed step changes nothing.
 
+    With `rounding=kahan` each such convert rounds to nearest, and the
+    rounding error is not lost but carried: the pass appends a bf16
+    argument per rounded parameter, its compensation buffer (marked
+    `amp.compensation = N`, N the parameter's argument), and returns its
+    next value (marked `amp.compensation = N` and `amp.state_of` the
+    buffer's argument). Each step computes `sum = new + f32(c)`, returns
+    `bf16(sum)` and keeps `c' = bf16(sum - f32(bf16(sum)))`. Parameter and
+    buffer together take 4 bytes per parameter, as an f32 master weight
+    does, and each update is applied with about 16 bits of mantissa
+    (Kahan-compensated optimizers in optimi; Revisiting BFloat16 Training,
+    arXiv 2010.06192). The rounded sum is taken in f32 by
+    `stablehlo.reduce_precision`, which XLA never folds (a convert to bf16
+    and back would be folded into `sum` itself by XLA:GPU's
+    simplify-fp-conversions, leaving a zero compensation). A skipped step
+    keeps the old buffers with the old parameters.
+
     With `optimizer-state=bf16`, the f32 arguments marked
     `amp.optimizer_state` (a front end marks the float leaves of the
     optimizer's state: Adam's moments, momentum) become bf16 arguments read
@@ -406,9 +422,9 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     with moments rounded to nearest).
 
     `rounding=nearest` with `optimizer-state=f32` (the defaults) leaves the
-    module unchanged. f16
-    state is not rounded stochastically (its bits are not the top half of
-    an f32's); it keeps its convert.
+    module unchanged. f16 state is neither rounded stochastically (its bits
+    are not the top half of an f32's) nor compensated; it keeps its
+    convert.
 
     Before:
 
@@ -446,8 +462,9 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
   let options = [
     Option<"rounding", "rounding", "std::string", "\"nearest\"",
            "How a step's new bf16 parameters are rounded from their f32 "
-           "update: nearest or stochastic (unbiased; a random-bit state is "
-           "appended)">,
+           "update: nearest, stochastic (unbiased; a random-bit state is "
+           "appended) or kahan (to nearest, with a bf16 compensation buffer "
+           "per parameter appended)">,
     Option<"optimizerState", "optimizer-state", "std::string", "\"f32\"",
            "Dtype the optimizer state (arguments marked amp.optimizer_state "
            "and their new values) is stored in: f32 or bf16; the update "

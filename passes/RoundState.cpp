@@ -2,11 +2,13 @@
 //
 // amp-round-state: the new value of a bf16 parameter is computed in f32 and
 // rounded once per step. Rounded to nearest, an update below half an ulp is
-// lost; rounded stochastically, the expected bf16 value is the f32 one, so
+// lost. Rounded stochastically, the expected bf16 value is the f32 one, so
 // bf16 master weights follow the f32 trajectory on average (Revisiting
-// BFloat16 Training, arXiv 2010.06192; torchao's bf16_stochastic_round).
-// The random bits come from a ui32[4] state the pass appends to the step,
-// so the step stays a pure function of its state. See Passes.td.
+// BFloat16 Training, arXiv 2010.06192; torchao's bf16_stochastic_round);
+// the random bits come from a ui32[4] state the pass appends to the step,
+// so the step stays a pure function of its state. With Kahan compensation
+// a bf16 buffer per parameter carries each rounding's error into the next
+// step (optimi's Kahan-compensated optimizers). See Passes.td.
 //
 //===----------------------------------------------------------------------===//
 
@@ -30,23 +32,31 @@ using namespace mlir::amp;
 namespace {
 
 /// A convert from f32 to bf16 whose result `main` returns as the new value
-/// of a bf16 argument (`amp.state_of`).
-SmallVector<Operation *> roundingConverts(func::FuncOp main) {
+/// of a bf16 argument (`amp.state_of`), and that argument's index.
+struct RoundedState {
+  Operation *convert;
+  int64_t argument;
+};
+
+SmallVector<RoundedState> roundingConverts(func::FuncOp main) {
   Operation *terminator = main.front().getTerminator();
-  SmallVector<Operation *> converts;
+  SmallVector<RoundedState> converts;
   for (unsigned i = 0, e = main.getNumResults(); i < e; ++i) {
-    if (!main.getResultAttr(i, attr::kStateOf))
+    auto stateOf = main.getResultAttrOfType<IntegerAttr>(i, attr::kStateOf);
+    if (!stateOf)
       continue;
     Operation *def = terminator->getOperand(i).getDefiningOp();
     if (!def || !shlo::isConvert(def) ||
-        llvm::is_contained(converts, def))
+        llvm::any_of(converts, [&](const RoundedState &rounded) {
+          return rounded.convert == def;
+        }))
       continue;
     FloatType to = shlo::getFloatElementType(def->getResult(0).getType());
     FloatType from = shlo::getFloatElementType(def->getOperand(0).getType());
     auto shaped = dyn_cast<RankedTensorType>(def->getResult(0).getType());
     if (to && from && shaped && shaped.hasStaticShape() && to.isBF16() &&
         from.isF32())
-      converts.push_back(def);
+      converts.push_back({def, stateOf.getInt()});
   }
   return converts;
 }
@@ -160,19 +170,73 @@ public:
       return;
     // Parameters only: the optimizer state stored low keeps its rounding to
     // nearest (see Passes.td).
-    SmallVector<Operation *> converts = roundingConverts(main);
-    llvm::erase_if(converts, [&](Operation *convert) {
-      return optimizerRoundings.contains(convert);
+    SmallVector<RoundedState> converts = roundingConverts(main);
+    llvm::erase_if(converts, [&](const RoundedState &rounded) {
+      return optimizerRoundings.contains(rounded.convert);
     });
     if (converts.empty())
       return;
-    roundWithKey(main, converts);
+    if (*mode == UpdateRounding::Kahan)
+      compensate(main, converts);
+    else
+      roundWithKey(main, converts);
   }
 
 private:
+  /// Appends a bf16 compensation buffer per rounded parameter to `main`
+  /// (argument and result, `amp.compensation` = the parameter's argument).
+  /// Each step adds the buffer to the f32 new value, rounds the sum to
+  /// nearest, and keeps what the rounding lost as the buffer's next value:
+  ///   sum = new + f32(c);  p = bf16(sum);  c' = bf16(sum - f32(p))
+  /// The rounded sum is taken in f32 with reduce_precision, which XLA never
+  /// folds; a convert to bf16 and back would be folded into `sum` itself
+  /// (simplify-fp-conversions), leaving c' = 0.
+  void compensate(func::FuncOp main, ArrayRef<RoundedState> converts) {
+    OpBuilder builder(&getContext());
+    Operation *terminator = main.front().getTerminator();
+    for (const RoundedState &rounded : converts) {
+      Operation *convert = rounded.convert;
+      Type lowType = convert->getResult(0).getType();
+      unsigned bufferIndex = main.getNumArguments();
+      NamedAttribute role = builder.getNamedAttr(
+          attr::kCompensation, builder.getI64IntegerAttr(rounded.argument));
+      if (failed(main.insertArgument(bufferIndex, lowType,
+                                     builder.getDictionaryAttr({role}),
+                                     main.getLoc())))
+        return signalPassFailure();
+      Value buffer = main.getArgument(bufferIndex);
+      Location loc = convert->getLoc();
+      builder.setInsertionPoint(convert);
+      Value value = convert->getOperand(0);
+      Type wideType = builder.getF32Type();
+      Value sum = shlo::buildElementwise(
+          builder, loc, "add",
+          {value, shlo::buildConvert(builder, loc, buffer, wideType)});
+      Value roundedSum = shlo::buildReducePrecision(builder, loc, sum,
+                                                    builder.getBF16Type());
+      Value next = shlo::buildConvert(builder, loc, roundedSum,
+                                      builder.getBF16Type());
+      Value lost = shlo::buildElementwise(builder, loc, "subtract",
+                                          {sum, roundedSum});
+      Value nextBuffer = shlo::buildConvert(builder, loc, lost,
+                                            builder.getBF16Type());
+      convert->getResult(0).replaceAllUsesWith(next);
+      convert->erase();
+
+      NamedAttribute stateOf = builder.getNamedAttr(
+          attr::kStateOf, builder.getI64IntegerAttr(bufferIndex));
+      if (failed(main.insertResult(main.getNumResults(), lowType,
+                                   builder.getDictionaryAttr({role, stateOf}))))
+        return signalPassFailure();
+      SmallVector<Value> operands(terminator->getOperands());
+      operands.push_back(nextBuffer);
+      terminator->setOperands(operands);
+    }
+  }
+
   /// Appends the random-bit state and its next value to `main`, and rounds
   /// each convert's value stochastically with bits drawn from it in turn.
-  void roundWithKey(func::FuncOp main, ArrayRef<Operation *> converts) {
+  void roundWithKey(func::FuncOp main, ArrayRef<RoundedState> converts) {
     MLIRContext *context = &getContext();
     OpBuilder builder(context);
     Type u32 = builder.getIntegerType(32, /*isSigned=*/false);
@@ -193,7 +257,8 @@ private:
     Value pairs = shlo::buildReshape(builder, loc, key, {2, 2});
     Value state = shlo::buildBitcastConvert(
         builder, loc, pairs, RankedTensorType::get({2}, u64));
-    for (Operation *convert : converts) {
+    for (const RoundedState &entry : converts) {
+      Operation *convert = entry.convert;
       builder.setInsertionPoint(convert);
       Value value = convert->getOperand(0);
       auto [next, bits] = shlo::buildRngBitGenerator(
@@ -214,8 +279,9 @@ private:
     unsigned resultIndex = main.getNumResults();
     NamedAttribute stateOf = builder.getNamedAttr(
         attr::kStateOf, builder.getI64IntegerAttr(keyIndex));
-    main.insertResult(resultIndex, keyType,
-                      builder.getDictionaryAttr({role, stateOf}));
+    if (failed(main.insertResult(resultIndex, keyType,
+                                 builder.getDictionaryAttr({role, stateOf}))))
+      return signalPassFailure();
     SmallVector<Value> operands(terminator->getOperands());
     operands.push_back(nextKey);
     terminator->setOperands(operands);

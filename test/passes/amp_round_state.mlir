@@ -5,7 +5,9 @@
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{rounding=stochastic})' | FileCheck %s
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state)' | FileCheck %s --check-prefix=NEAREST
 // RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{rounding=up})' 2>&1 | FileCheck %s --check-prefix=BAD
-// BAD: error: invalid option 'rounding': unknown update rounding 'up' (accepted: nearest, stochastic)
+// BAD: error: invalid option 'rounding': unknown update rounding 'up' (accepted: nearest, stochastic, kahan)
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{rounding=kahan})' | FileCheck %s --check-prefix=KAHAN
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{optimizer-state=bf16 rounding=kahan})' | FileCheck %s --check-prefix=OPT-KAHAN
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{optimizer-state=bf16})' | FileCheck %s --check-prefix=OPT
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{optimizer-state=bf16 rounding=stochastic})' | FileCheck %s --check-prefix=OPT-SR
 // RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{optimizer-state=f8})' 2>&1 | FileCheck %s --check-prefix=BAD-OPT
@@ -40,6 +42,33 @@
 // CHECK: %[[NEXT:.*]] = stablehlo.reshape %[[NEXTP]] : (tensor<2x2xui32>) -> tensor<4xui32>
 // CHECK: return %[[W]], %{{.*}}, %[[V]], %[[NEXT]]
 
+// rounding=kahan: one bf16 compensation buffer per rounded bf16 state, an
+// argument and a result marked amp.compensation = the state's argument
+// (the result also a state of the buffer's argument). The new value plus
+// the buffer is rounded to nearest by reduce_precision (which XLA never
+// folds) and what the rounding lost is the buffer's next value. No random
+// bits; the f32 state is left alone.
+// KAHAN-LABEL: func.func public @main(
+// KAHAN-SAME: %[[W:arg0]]: tensor<4xbf16>
+// KAHAN-SAME: %[[C0:arg4]]: tensor<4xbf16> {amp.compensation = 0 : i64}, %[[C3:arg5]]: tensor<2x3xbf16> {amp.compensation = 3 : i64})
+// KAHAN-SAME: -> (tensor<4xbf16> {amp.state_of = 0 : i64}, tensor<4xf32> {amp.state_of = 2 : i64}, tensor<2x3xbf16> {amp.state_of = 3 : i64}, tensor<4xbf16> {amp.compensation = 0 : i64, amp.state_of = 4 : i64}, tensor<2x3xbf16> {amp.compensation = 3 : i64, amp.state_of = 5 : i64})
+// KAHAN-NOT: rng_bit_generator
+// KAHAN: %[[NEW:.*]] = stablehlo.add %{{.*}}, %arg1 : tensor<4xf32>
+// KAHAN: %[[CW:.*]] = stablehlo.convert %[[C0]] : (tensor<4xbf16>) -> tensor<4xf32>
+// KAHAN: %[[SUM:.*]] = stablehlo.add %[[NEW]], %[[CW]] : tensor<4xf32>
+// KAHAN: %[[ROUNDED:.*]] = stablehlo.reduce_precision %[[SUM]], format = e8m7 : tensor<4xf32>
+// KAHAN: %[[P:.*]] = stablehlo.convert %[[ROUNDED]] : (tensor<4xf32>) -> tensor<4xbf16>
+// KAHAN: %[[LOST:.*]] = stablehlo.subtract %[[SUM]], %[[ROUNDED]] : tensor<4xf32>
+// KAHAN: %[[NEXTC:.*]] = stablehlo.convert %[[LOST]] : (tensor<4xf32>) -> tensor<4xbf16>
+// KAHAN-NOT: stablehlo.convert %[[NEW]]
+// KAHAN: %[[CV:.*]] = stablehlo.convert %[[C3]] : (tensor<2x3xbf16>) -> tensor<2x3xf32>
+// KAHAN: %[[SUM3:.*]] = stablehlo.add %{{.*}}, %[[CV]] : tensor<2x3xf32>
+// KAHAN: %[[ROUNDED3:.*]] = stablehlo.reduce_precision %[[SUM3]], format = e8m7
+// KAHAN: %[[P3:.*]] = stablehlo.convert %[[ROUNDED3]] : (tensor<2x3xf32>) -> tensor<2x3xbf16>
+// KAHAN: %[[LOST3:.*]] = stablehlo.subtract %[[SUM3]], %[[ROUNDED3]]
+// KAHAN: %[[NEXTC3:.*]] = stablehlo.convert %[[LOST3]] : (tensor<2x3xf32>) -> tensor<2x3xbf16>
+// KAHAN: return %[[P]], %{{.*}}, %[[P3]], %[[NEXTC]], %[[NEXTC3]]
+
 // NEAREST-LABEL: func.func public @main(
 // NEAREST-NOT: rounding_key
 // NEAREST-NOT: rng_bit_generator
@@ -60,6 +89,10 @@ func.func public @main(%w: tensor<4xbf16>, %u: tensor<4xf32>, %m: tensor<4xf32>,
 // f16 state, a bf16 result that is no state, and a state passed through
 // unchanged are not rounded: nothing is appended.
 // CHECK-LABEL: func.func public @untouched(
+// KAHAN-LABEL: func.func public @untouched(
+// KAHAN-NOT: amp.compensation
+// KAHAN-NOT: reduce_precision
+// KAHAN: return
 // CHECK-NOT: rounding_key
 // CHECK-NOT: rng_bit_generator
 // CHECK: return
@@ -92,6 +125,15 @@ func.func public @untouched(%h: tensor<4xf16>, %b: tensor<4xbf16>, %u: tensor<4x
 // OPT-SR: %[[LOWW:.*]] = stablehlo.convert %{{.*}} : (tensor<4xf32>) -> tensor<4xbf16>
 // OPT-SR: %[[LOWM:.*]] = stablehlo.convert %{{.*}} : (tensor<4xf32>) -> tensor<4xbf16>
 // OPT-SR: return %[[LOWW]], %[[LOWM]],
+
+// OPT-KAHAN: func.func public @main(%arg0: tensor<4xbf16>, %arg1: tensor<4xbf16>, %arg2: tensor<4xf32>, %arg3: tensor<i32>, %arg4: tensor<4xf32>, %arg5: tensor<4xbf16>, %[[BUF:arg6]]: tensor<4xbf16> {amp.compensation = 0 : i64})
+// OPT-KAHAN-SAME: tensor<4xbf16> {amp.compensation = 0 : i64, amp.state_of = 6 : i64})
+// OPT-KAHAN: %[[NEWM:.*]] = stablehlo.add %{{.*}}, %arg2 : tensor<4xf32>
+// OPT-KAHAN: %{{.*}} = stablehlo.convert %[[BUF]]
+// OPT-KAHAN-COUNT-1: stablehlo.reduce_precision
+// OPT-KAHAN-NOT: stablehlo.reduce_precision
+// OPT-KAHAN: %[[LOWM:.*]] = stablehlo.convert %[[NEWM]] : (tensor<4xf32>) -> tensor<4xbf16>
+// OPT-KAHAN: return %{{.*}}, %[[LOWM]], %arg3, %{{.*}}, %arg5, %{{.*}} :
 func.func public @main(%w: tensor<4xbf16>, %m: tensor<4xf32> {amp.optimizer_state}, %g: tensor<4xf32>, %c: tensor<i32>, %k: tensor<4xf32>, %h: tensor<4xf32> {amp.optimizer_state}) -> (tensor<4xbf16> {amp.state_of = 0 : i64}, tensor<4xf32> {amp.state_of = 1 : i64}, tensor<i32> {amp.state_of = 3 : i64}, tensor<4xf32> {amp.state_of = 4 : i64}, tensor<4xf32> {amp.state_of = 5 : i64}) {
   %0 = stablehlo.multiply %m, %g : tensor<4xf32>
   %1 = stablehlo.add %0, %g : tensor<4xf32>

@@ -492,9 +492,10 @@ def test_train_state_fields():
   assert isinstance(state, amp.TrainState)
   assert state._fields == ("params", "opt_state", "loss_scale",
                            "skipped_steps", "model_state", "amax_history",
-                           "rounding_key")
+                           "rounding_key", "compensation")
   assert state.model_state is None and state.amax_history is None
   assert state.rounding_key is None  # update_rounding="stochastic" makes it
+  assert state.compensation is None  # update_rounding="kahan" makes it
   assert int(state.skipped_steps) == 0
   assert state.skipped_steps.dtype == jnp.int32
 

@@ -1,6 +1,8 @@
-"""update_rounding="stochastic": bf16 parameters rounded from their f32
-update without bias (amp-round-state), so updates below bf16's resolution
-accumulate as they do in f32."""
+"""update_rounding="stochastic" | "kahan": bf16 parameters rounded from
+their f32 update without bias, or with a bf16 buffer carrying what each
+rounding lost (amp-round-state), so updates below bf16's resolution
+accumulate as they do in f32; opt_state_dtype="bf16": the optimizer's
+state stored in bf16."""
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +77,60 @@ def test_each_value_rounds_to_a_neighbour_and_the_mean_error_is_zero():
   assert abs(up - expected_up) < 0.01, (up, expected_up)
 
 
+def test_kahan_compensation_follows_f32_within_half_an_ulp():
+  """40 steps of random updates below half a bf16 ulp from random bf16
+  parameters: rounded to nearest nothing moves; with Kahan compensation the
+  parameter plus its buffer follows the f32 trajectory. The buffer
+  (|c| <= 2^-8 here) is itself rounded to bf16 each step, an error of at
+  most 2^-17, so after 40 steps they differ by at most 40 * 2^-17 (a tenth
+  of a bf16 ulp), and the parameter is the f32 value rounded to bf16,
+  within half an ulp plus that."""
+  rng = np.random.default_rng(1)
+  n, steps = 4096, 40
+  params = rng.uniform(1, 1.9, n).astype(ml_dtypes.bfloat16).astype(np.float32)
+  updates = [rng.uniform(-2.0 ** -9, 2.0 ** -9, n).astype(np.float32)
+             for _ in range(steps)]
+  batches = [jnp.asarray(-u) for u in updates]
+  exact = params.copy()
+  for u in updates:
+    exact = (exact + u).astype(np.float32)
+  _, nearest, _ = _run("nearest", jnp.asarray(params), batches)
+  step, kahan, _ = _run("kahan", jnp.asarray(params), batches)
+  np.testing.assert_array_equal(np.asarray(nearest.params, np.float32),
+                                params)
+  assert kahan.params.dtype == kahan.compensation.dtype == jnp.bfloat16
+  got = np.asarray(kahan.params, np.float32)
+  carried = np.asarray(kahan.compensation, np.float32)
+  ulp = 2.0 ** -7  # of values in [1, 2)
+  drift = steps * 2.0 ** -17
+  assert np.max(np.abs(got + carried - exact)) <= drift
+  assert np.max(np.abs(got - exact)) <= ulp / 2 + drift
+  assert np.max(np.abs(carried)) <= ulp / 2
+  # The state holds one bf16 buffer per parameter, zero at first.
+  np.testing.assert_array_equal(
+      np.asarray(step.init(jnp.asarray(params)).compensation, np.float32), 0)
+
+
+def test_kahan_buffers_only_for_bf16_parameters_and_they_shard_like_them():
+  """A pytree of parameters: each bf16 leaf gets a buffer of its shape; an
+  integer leaf gets None; the buffers come back in the same tree."""
+  def loss(p, b):
+    return jnp.sum(p["w"] * b) + jnp.sum(p["v"]) + 0 * p["n"]
+  step = amp.train_step(loss, optax.sgd(1.0), BF16, update_rounding="kahan")
+  params = {"w": jnp.ones((8,)), "v": jnp.ones((2, 3)),
+            "n": jnp.zeros((), jnp.int32)}
+  state = step.init(params)
+  assert state.compensation["n"] is None
+  assert state.compensation["v"].shape == (2, 3)
+  for _ in range(8):  # 8 updates of a quarter ulp: two ulps
+    state, _ = step(state, jnp.full((8,), -2.0 ** -9))
+  np.testing.assert_array_equal(np.asarray(state.params["w"], np.float32),
+                                1 + 2 * 2.0 ** -7)
+  assert (jax.tree_util.tree_structure(state.compensation) ==
+          jax.tree_util.tree_structure(step.init(params).compensation))
+  assert int(state.params["n"]) == 0
+
+
 def test_the_key_advances_and_the_step_is_reproducible_from_the_state():
   batches = [jnp.full((64,), -2.0 ** -10)] * 3
   step, state, _ = _run("stochastic", jnp.ones((64,)), batches)
@@ -91,23 +147,32 @@ def test_the_key_advances_and_the_step_is_reproducible_from_the_state():
                             step.init(jnp.ones((64,))).rounding_key)
 
 
-def test_an_overflowed_step_leaves_parameters_and_key_bit_identical():
+def _carried(state):
+  return (state.params, state.opt_state, state.rounding_key,
+          state.compensation)
+
+
+@pytest.mark.parametrize("rounding", ["stochastic", "kahan"])
+def test_an_overflowed_step_leaves_parameters_and_key_bit_identical(rounding):
   step = amp.train_step(_linear, optax.adam(1e-3), "p=bf16,c=f16,o=f32",
-                        update_rounding="stochastic",
+                        update_rounding=rounding,
                         loss_scale=amp.DynamicLossScale(2.0 ** 8))
   state = step.init(jnp.linspace(1, 2, 256))
   state, _ = step(state, jnp.full((256,), 0.5))
+  if rounding == "kahan":  # the buffer holds something to keep
+    assert np.any(np.asarray(state.compensation, np.float32) != 0)
   after, metrics = step(state, jnp.full((256,), jnp.inf))
   assert not bool(metrics["grads_finite"])
-  _assert_bit_identical((state.params, state.opt_state, state.rounding_key),
-                        (after.params, after.opt_state, after.rounding_key))
+  _assert_bit_identical(_carried(state), _carried(after))
 
 
-def test_a_checkpoint_holds_the_key_and_training_resumes_identically():
+@pytest.mark.parametrize("rounding", ["stochastic", "kahan"])
+def test_a_checkpoint_holds_the_key_and_training_resumes_identically(
+    rounding):
   serialization = pytest.importorskip("flax.serialization")
   batches = [jnp.full((128,), -2.0 ** -10 * (i + 1)) for i in range(6)]
   step = amp.train_step(_linear, optax.adam(1e-3), BF16,
-                        update_rounding="stochastic")
+                        update_rounding=rounding)
   straight = step.init(jnp.ones((128,)))
   for batch in batches:
     straight, _ = step(straight, batch)
@@ -116,25 +181,34 @@ def test_a_checkpoint_holds_the_key_and_training_resumes_identically():
     state, _ = step(state, batch)
   restored = serialization.from_bytes(step.init(jnp.ones((128,))),
                                       serialization.to_bytes(state))
-  np.testing.assert_array_equal(restored.rounding_key, state.rounding_key)
+  _assert_bit_identical(_carried(state), _carried(restored))
   for batch in batches[3:]:
     restored, _ = step(restored, batch)
   _assert_bit_identical(restored, straight)
 
 
-def test_stochastic_rounding_needs_bf16_parameters_and_a_state_with_a_key():
+def test_rounding_needs_bf16_parameters_and_a_state_with_its_buffers():
   with pytest.raises(ValueError, match=r"update_rounding='stochastic' rounds "
                      r"bf16 parameters, and policy p=f32,c=bf16,o=f32 keeps "
                      r"them in float32"):
     amp.train_step(_linear, optax.sgd(0.1), "p=f32,c=bf16,o=f32",
                    update_rounding="stochastic")
-  with pytest.raises(ValueError, match=r"accepted: nearest, stochastic"):
-    amp.train_step(_linear, optax.sgd(0.1), BF16, update_rounding="kahan")
+  with pytest.raises(ValueError, match=r"update_rounding='kahan' rounds "
+                     r"bf16 parameters, and policy p=f32,c=bf16,o=f32"):
+    amp.train_step(_linear, optax.sgd(0.1), "p=f32,c=bf16,o=f32",
+                   update_rounding="kahan")
+  with pytest.raises(ValueError,
+                     match=r"accepted: nearest, stochastic, kahan"):
+    amp.train_step(_linear, optax.sgd(0.1), BF16, update_rounding="up")
   nearest = amp.train_step(_linear, optax.sgd(0.1), BF16)
   stochastic = amp.train_step(_linear, optax.sgd(0.1), BF16,
                               update_rounding="stochastic")
+  kahan = amp.train_step(_linear, optax.sgd(0.1), BF16,
+                         update_rounding="kahan")
   with pytest.raises(TypeError, match="holds no rounding key"):
     stochastic(nearest.init(jnp.ones(4)), jnp.ones(4))
+  with pytest.raises(TypeError, match="holds no compensation buffer"):
+    kahan(nearest.init(jnp.ones(4)), jnp.ones(4))
 
 
 # -- compressed optimizer state ------------------------------------------------
@@ -155,10 +229,9 @@ def _mlp(seed=0):
 
 
 def _state_bytes_per_parameter(state, params) -> float:
-  carried = (state.params, state.opt_state, state.rounding_key)
   count = sum(np.size(x) for x in jax.tree_util.tree_leaves(params))
   return sum(np.asarray(x).nbytes for x in
-             jax.tree_util.tree_leaves(carried)) / count
+             jax.tree_util.tree_leaves(_carried(state))) / count
 
 
 def test_bf16_weights_and_moments_take_six_bytes_per_parameter():
@@ -183,6 +256,22 @@ def test_bf16_weights_and_moments_take_six_bytes_per_parameter():
   assert adam.count.dtype == jnp.int32  # non-float state is untouched
   # The update computes in f32: the loss follows f32's.
   assert abs(losses["low"] - losses["f32"]) < 0.02 * losses["f32"], losses
+
+
+def test_kahan_takes_four_bytes_per_parameter_with_the_moments_eight():
+  """bf16 parameter + bf16 buffer: an f32 master weight's 4 bytes; with
+  bf16 Adam moments 8 in all (12 with f32 moments)."""
+  params, batch = _mlp()
+  for opt_state_dtype, expected in (("f32", 12), ("bf16", 8)):
+    step = amp.train_step(_mlp_loss, optax.adam(1e-3), BF16,
+                          update_rounding="kahan",
+                          opt_state_dtype=opt_state_dtype)
+    state, _ = step(step.init(params), batch)
+    assert _state_bytes_per_parameter(state, params) == pytest.approx(
+        expected, abs=0.01)
+    assert _state_bytes_per_parameter(state._replace(compensation=None),
+                                      params) == pytest.approx(expected - 2,
+                                                               abs=0.01)
 
 
 @pytest.mark.parametrize("make", [

@@ -81,9 +81,14 @@ class Program:
   bytecode: bytes | None = None  # MLIR bytecode the lowering inlines
   kept: tuple[int, ...] | None = None  # the leaves main takes (None: all)
   # What the passes appended to main, by the attribute on each (in order):
-  # FP8 amax histories (amp-fp8-gemms), then the loss-scale state.
+  # FP8 amax histories (amp-fp8-gemms), the rounding key or compensation
+  # buffers (amp-round-state), then the loss-scale state.
   extra_in_roles: tuple[str, ...] = ()
   extra_out_roles: tuple[str, ...] = ()
+  # For each of them, the flat input leaf it belongs to (a Kahan
+  # compensation buffer's parameter), else None.
+  extra_in_owners: tuple[int | None, ...] = ()
+  extra_out_owners: tuple[int | None, ...] = ()
   # The host callbacks (debug prints, io callbacks) the module calls, and
   # how many of them its calls index: they move to whatever lowering
   # inlines it.
@@ -191,29 +196,45 @@ def aval_of_type(mlir_type, like=None) -> Any:
   return aval
 
 
+def _integer_value(attr: ir.Attribute) -> int | None:
+  try:  # a cast: the attribute classes' isinstance differs across jaxlibs
+    return ir.IntegerAttr(attr).value
+  except ValueError:
+    return None
+
+
 def _appended_roles(module: ir.Module, first_argument: int,
-                    first_result: int) -> tuple[tuple[str, ...], ...]:
+                    first_result: int, kept: Sequence[int]
+                    ) -> tuple[tuple[str, ...], tuple[str, ...],
+                               tuple[int | None, ...], tuple[int | None, ...]]:
   """The role (amp attribute name) of each argument and result of main from
-  `first_argument` / `first_result` on: what the passes appended."""
+  `first_argument` / `first_result` on: what the passes appended. Then, for
+  each of them, the flat input leaf it belongs to when its role attribute
+  names an argument of main (`amp.compensation = N`: the leaf argument N
+  takes), else None."""
   main = next(op for op in module.body.operations
               if op.operation.name == "func.func" and
               ir.StringAttr(op.attributes["sym_name"]).value == "main")
-  roles = []
+  roles, owners = [], []
   for name, first in (("arg_attrs", first_argument),
                       ("res_attrs", first_result)):
-    found = []
+    found, owner = [], []
     attrs = (list(ir.ArrayAttr(main.attributes[name]))
              if name in main.attributes else [])
     for entry in attrs[first:]:
       entry = ir.DictAttr(entry)
-      names = [entry[j].name for j in range(len(entry))
+      named = [entry[j] for j in range(len(entry))
                if entry[j].name.startswith("amp.")]
-      if len(names) != 1:
+      if len(named) != 1:
         raise pl.RewriteError(f"an appended argument or result of main has "
-                              f"no single amp role ({names})")
-      found.append(names[0])
+                              f"no single amp role "
+                              f"({[n.name for n in named]})")
+      found.append(named[0].name)
+      argument = _integer_value(named[0].attr)
+      owner.append(None if argument is None else kept[argument])
     roles.append(tuple(found))
-  return tuple(roles)
+    owners.append(tuple(owner))
+  return roles[0], roles[1], owners[0], owners[1]
 
 
 def _flat_exported(exported: jax_export.Exported, module: ir.Module,
@@ -387,8 +408,8 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
   for diagnostic in result.diagnostics:
     warnings.warn(f"stablehlo-amp: {diagnostic}", stacklevel=4)
   with context:
-    in_roles, out_roles = _appended_roles(result.module, len(kept),
-                                          out_tree.num_leaves)
+    in_roles, out_roles, in_owners, out_owners = _appended_roles(
+        result.module, len(kept), out_tree.num_leaves, kept)
     extra_in, extra_out = len(in_roles), len(out_roles)
     inputs, results = main_signature(result.module)
     in_avals = tuple(aval_of_type(t) for t in inputs)
@@ -418,6 +439,7 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
                  name=source_name, exported=exported, bytecode=bytecode,
                  kept=None if exported else tuple(kept),
                  extra_in_roles=in_roles, extra_out_roles=out_roles,
+                 extra_in_owners=in_owners, extra_out_owners=out_owners,
                  host_callbacks=marked.host_callbacks,
                  indexed_callbacks=marked.indexed_callbacks,
                  out_key_avals=key_avals,

@@ -151,26 +151,34 @@ def _check_same_types(what: str, given: Any, returned: Any) -> None:
 
 
 def _split_extra(program: prog.Program, extra: Sequence[Any]
-                 ) -> tuple[list, list, Any]:
+                 ) -> tuple[list, list, Any, dict]:
   """The appended outputs: (FP8 amax histories, loss-scale outputs, the
-  next rounding key or None)."""
+  next rounding key or None, the next Kahan compensation buffers by the
+  flat input leaf of their parameter)."""
   history = contract.attribute("amax_history")
   key = contract.attribute("rounding_key")
+  buffer = contract.attribute("compensation")
   roles = program.extra_out_roles
   histories = [v for v, r in zip(extra, roles) if r == history]
   keys = [v for v, r in zip(extra, roles) if r == key]
-  rest = [v for v, r in zip(extra, roles) if r not in (history, key)]
-  return histories, rest, (keys[0] if keys else None)
+  buffers = {leaf: v for v, r, leaf in
+             zip(extra, roles, program.extra_out_owners) if r == buffer}
+  rest = [v for v, r in zip(extra, roles)
+          if r not in (history, key, buffer)]
+  return histories, rest, (keys[0] if keys else None), buffers
 
 
 def _extra_inputs(program: prog.Program, histories: Sequence[Any],
-                  loss_scale: LossScale, rounding_key: Any = None) -> list:
-  """The appended inputs in main's order, by role."""
+                  loss_scale: LossScale, rounding_key: Any = None,
+                  compensation: Sequence[Any] = ()) -> list:
+  """The appended inputs in main's order, by role. `compensation`: the
+  Kahan buffer of each flat input leaf (None where there is none)."""
   history = contract.attribute("amax_history")
   key = contract.attribute("rounding_key")
+  buffer = contract.attribute("compensation")
   given, scale_state = iter(histories), iter(loss_scale.state())
   inputs = []
-  for role in program.extra_in_roles:
+  for role, leaf in zip(program.extra_in_roles, program.extra_in_owners):
     if role == history:
       inputs.append(next(given))
     elif role == key:
@@ -179,6 +187,13 @@ def _extra_inputs(program: prog.Program, histories: Sequence[Any],
                         "the state holds no rounding key: make the state "
                         "with this step's init")
       inputs.append(rounding_key)
+    elif role == buffer:
+      if leaf >= len(compensation) or compensation[leaf] is None:
+        raise TypeError("this step compensates the rounding of its bf16 "
+                        "parameters (update_rounding='kahan') and the state "
+                        "holds no compensation buffer for one of them: make "
+                        "the state with this step's init")
+      inputs.append(compensation[leaf])
     else:
       inputs.append(next(scale_state))
   return inputs
@@ -381,6 +396,10 @@ class TrainState(NamedTuple):
   # update_rounding="stochastic": the state of the random bits that round
   # the new bf16 parameters (uint32[4]); None otherwise.
   rounding_key: Any = None
+  # update_rounding="kahan": a pytree like params with, at each bf16
+  # parameter, a bf16 buffer of what rounding its updates lost (None at the
+  # other leaves); None otherwise.
+  compensation: Any = None
 
 
 class TrainStep(_LossScaledProgram):
@@ -401,10 +420,11 @@ class TrainStep(_LossScaledProgram):
           f"{', '.join(fp8_options)} configure{'s' if len(fp8_options) == 1 else ''} "
           f"FP8 GEMMs, and policy {self.policy} has none: add gemm=f8 "
           "(for example p=f32,c=bf16,o=f32,gemm=f8)")
-    if (self._options.update_rounding == "stochastic" and
+    if (self._options.update_rounding != "nearest" and
         jnp.dtype(self.policy.param_dtype) != jnp.dtype(jnp.bfloat16)):
       raise ValueError(
-          f"update_rounding='stochastic' rounds bf16 parameters, and policy "
+          f"update_rounding={self._options.update_rounding!r} rounds bf16 "
+          f"parameters, and policy "
           f"{self.policy} keeps them in "
           f"{jnp.dtype(self.policy.param_dtype).name}: use p=bf16 (for "
           "example p=bf16,c=bf16,o=f32)")
@@ -479,7 +499,9 @@ class TrainStep(_LossScaledProgram):
     kept), optimizer state (made from the float parameters in f32, None in
     place of the others), loss-scale state, model state, and with
     ``update_rounding="stochastic"`` the state of the random bits that
-    round the parameters (from `rounding_seed`).
+    round the parameters (from `rounding_seed`), with
+    ``update_rounding="kahan"`` a zero compensation buffer per bf16
+    parameter.
 
     With `donate=True` the step consumes its state, so `init` copies the
     arrays it is given: the caller's `params` stay valid."""
@@ -499,13 +521,17 @@ class TrainStep(_LossScaledProgram):
     model_state = jax.tree_util.tree_map(copy, model_state)
     # Each state owns its loss-scale arrays: a donated step consumes them.
     loss_scale = jax.tree_util.tree_map(copy, self._initial_loss_scale)
-    rounding_key = None
+    rounding_key = compensation = None
     if self._options.update_rounding == "stochastic":
       rounding_key = jnp.asarray(np.random.default_rng(rounding_seed).integers(
           0, 2 ** 32, size=4, dtype=np.uint32))
+    if self._options.update_rounding == "kahan":
+      compensation = jax.tree_util.tree_map(
+          lambda x: jnp.zeros_like(x) if is_float(x) and jnp.dtype(
+              x.dtype) == jnp.dtype(jnp.bfloat16) else None, params)
     return TrainState(params, opt_state, loss_scale,
                       jnp.zeros((), jnp.int32), model_state,
-                      rounding_key=rounding_key)
+                      rounding_key=rounding_key, compensation=compensation)
 
   def __call__(self, state: TrainState, batch: Any):
     self._check_state(state)
@@ -584,9 +610,19 @@ class TrainStep(_LossScaledProgram):
                           flags, len(leaves) - 1, state.loss_scale,
                           state_leaves, optimizer_state_leaves=low_state)
     histories = self._histories(program, state.amax_history)
+    # The compensation buffers, one place per parameter leaf (the first
+    # leaves of the step's inputs).
+    param_tree = jax.tree_util.tree_structure(params)
+    buffers = (param_tree.flatten_up_to(state.compensation)
+               if state.compensation is not None else [])
     outputs, extra = program.call(leaves, _extra_inputs(
-        program, histories, state.loss_scale, state.rounding_key))
-    new_histories, extra, new_key = _split_extra(program, extra)
+        program, histories, state.loss_scale, state.rounding_key,
+        buffers))
+    new_histories, extra, new_key, new_buffers = _split_extra(program,
+                                                              extra)
+    new_compensation = (param_tree.unflatten(
+        [new_buffers.get(i, old) for i, old in enumerate(buffers)])
+                        if state.compensation is not None else None)
     loss, aux, new_params, new_opt_state, new_model_state = (
         jax.tree_util.tree_unflatten(program.out_tree, outputs))
     finite = state.loss_scale.grads_finite(extra)
@@ -604,8 +640,8 @@ class TrainStep(_LossScaledProgram):
       metrics["aux"] = aux
     return TrainState(new_params, new_opt_state, loss_scale, skipped,
                       new_model_state, new_histories,
-                      state.rounding_key if new_key is None else new_key
-                      ), metrics
+                      state.rounding_key if new_key is None else new_key,
+                      new_compensation), metrics
 
   def _hint_when_stuck(self, finite, loss, loss_scale, skipped) -> None:
     """A skipped step that no loss scale can fix (dynamic scaling already
