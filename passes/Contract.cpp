@@ -409,6 +409,9 @@ struct EntryOption {
   llvm::json::Value (*targetDefault)(Target) = nullptr;   // per-target default
   int64_t minimum = 0;                                    // Int, Ints
   llvm::StringRef switchHelp = "";                        // a pass switch
+  /// The default of a training step that stores its parameters in bf16
+  /// (p=bf16), where it differs from the pass's; empty: the pass's.
+  llvm::StringRef bf16ParamsDefault = "";
 };
 
 const EntryOption kEntryOptions[] = {
@@ -436,8 +439,13 @@ const EntryOption kEntryOptions[] = {
      /*stateful=*/true, false, false, canonicalFp8Scaling},
     {"amax_history", "amp-fp8-gemms", "amax-history", OptionKind::Int,
      /*stateful=*/true, false, false, nullptr, nullptr, /*minimum=*/1},
+    // bf16 parameters are rounded stochastically unless asked otherwise: the
+    // measured best of the three for the state it keeps (README, Training).
+    // The pass's own default stays nearest: it appends an argument only
+    // when asked.
     {"update_rounding", "amp-round-state", "rounding", OptionKind::Choice,
-     /*stateful=*/true, false, false, canonicalUpdateRounding},
+     /*stateful=*/true, false, false, canonicalUpdateRounding, nullptr, 0, "",
+     /*bf16ParamsDefault=*/"stochastic"},
     {"opt_state_dtype", "amp-round-state", "optimizer-state",
      OptionKind::Choice, /*stateful=*/true, false, false,
      canonicalOptimizerStateDtype},
@@ -619,6 +627,8 @@ llvm::json::Array entryOptionsJson(const llvm::json::Object &passes) {
         if (const llvm::json::Value *value = passOption->get(key))
           object[key] = *value;
     }
+    if (!entry.bf16ParamsDefault.empty())
+      object["bf16_params_default"] = entry.bf16ParamsDefault;
     if (entry.targetDefault) {
       llvm::json::Object defaults;
       for (llvm::StringRef name : targetNames())

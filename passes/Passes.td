@@ -380,8 +380,9 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     stalls where f32 master weights keep moving.
 
     With `rounding=stochastic` each such convert is replaced by unbiased
-    stochastic rounding: the low 16 bits of a random 32-bit word are added
-    to the f32 value's bit pattern and the sum is truncated to bf16, which
+    stochastic rounding: a random 16-bit word (`ui16`, half the temporary
+    memory of 32-bit words) is added to the f32 value's bit pattern and
+    the sum is truncated to bf16, which
     rounds up with probability equal to the distance from the lower bf16
     neighbour in units of its ulp. So the expected bf16 value is the f32
     value. Non-finite values round to nearest. The random bits come from
@@ -447,9 +448,9 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
         -> (tensor<4xbf16> {amp.state_of = 0 : i64},
             tensor<4xui32> {amp.rounding_key, amp.state_of = 2 : i64}) {
       ...
-      %next, %bits = "stablehlo.rng_bit_generator"(%state)
+      %next, %bits = "stablehlo.rng_bit_generator"(%state)  // 4xui16
       %x = stablehlo.bitcast_convert %1 : (tensor<4xf32>) -> tensor<4xui32>
-      %noise = stablehlo.and %bits, %low16
+      %noise = stablehlo.convert %bits : (tensor<4xui16>) -> tensor<4xui32>
       %sum = stablehlo.add %x, %noise
       %cut = stablehlo.and %sum, %high16
       %y = stablehlo.bitcast_convert %cut : (tensor<4xui32>) -> tensor<4xf32>

@@ -109,11 +109,12 @@ llvm::SmallPtrSet<Operation *, 8> storeOptimizerStateLow(func::FuncOp main) {
   return roundings;
 }
 
-/// `value` (f32) rounded to bf16 with the random words `bits` (ui32, same
-/// shape): the low 16 bits of each word are added to the value's bit
-/// pattern and the sum cut to its high 16 bits, so it rounds up with
-/// probability (the value's low 16 bits) / 2^16. Non-finite values, whose
-/// bit pattern must not carry, round to nearest.
+/// `value` (f32) rounded to bf16 with the random 16-bit words `bits` (ui16,
+/// same shape): each word is added to the value's bit pattern and the sum
+/// cut to its high 16 bits, so it rounds up with probability (the value's
+/// low 16 bits) / 2^16. Non-finite values, whose bit pattern must not
+/// carry, round to nearest. 16-bit words, not 32: the random buffer is the
+/// one temporary the rounding adds, half the size of an f32 parameter.
 Value roundStochastically(OpBuilder &builder, Location loc, Value value,
                           Value bits) {
   auto type = cast<RankedTensorType>(value.getType());
@@ -125,8 +126,7 @@ Value roundStochastically(OpBuilder &builder, Location loc, Value value,
         cast<RankedTensorType>(wordsType));
   };
   Value words = shlo::buildBitcastConvert(builder, loc, value, wordsType);
-  Value noise = shlo::buildElementwise(builder, loc, "and",
-                                       {bits, mask(0xFFFF)});
+  Value noise = shlo::buildConvert(builder, loc, bits, u32);
   Value sum = shlo::buildElementwise(builder, loc, "add", {words, noise});
   Value cut = shlo::buildElementwise(builder, loc, "and",
                                      {sum, mask(0xFFFF0000u)});
@@ -239,6 +239,7 @@ private:
   void roundWithKey(func::FuncOp main, ArrayRef<RoundedState> converts) {
     MLIRContext *context = &getContext();
     OpBuilder builder(context);
+    Type u16 = builder.getIntegerType(16, /*isSigned=*/false);
     Type u32 = builder.getIntegerType(32, /*isSigned=*/false);
     Type u64 = builder.getIntegerType(64, /*isSigned=*/false);
     auto keyType = RankedTensorType::get({4}, u32);
@@ -263,7 +264,7 @@ private:
       Value value = convert->getOperand(0);
       auto [next, bits] = shlo::buildRngBitGenerator(
           builder, convert->getLoc(), state,
-          shlo::withElementType(value.getType(), u32));
+          shlo::withElementType(value.getType(), u16));
       state = next;
       Value rounded = roundStochastically(builder, convert->getLoc(), value,
                                           bits);

@@ -22,11 +22,9 @@
 // CHECK: %[[PAIRS:.*]] = stablehlo.reshape %[[KEY]] : (tensor<4xui32>) -> tensor<2x2xui32>
 // CHECK: %[[S0:.*]] = stablehlo.bitcast_convert %[[PAIRS]] : (tensor<2x2xui32>) -> tensor<2xui64>
 // CHECK: %[[NEW:.*]] = stablehlo.add
-// CHECK: %[[S1:.*]], %[[BITS:.*]] = stablehlo.rng_bit_generator %[[S0]], algorithm = THREE_FRY : (tensor<2xui64>) -> (tensor<2xui64>, tensor<4xui32>)
+// CHECK: %[[S1:.*]], %[[BITS:.*]] = stablehlo.rng_bit_generator %[[S0]], algorithm = THREE_FRY : (tensor<2xui64>) -> (tensor<2xui64>, tensor<4xui16>)
 // CHECK: %[[WORDS:.*]] = stablehlo.bitcast_convert %[[NEW]] : (tensor<4xf32>) -> tensor<4xui32>
-// CHECK: %[[LOW16:.*]] = stablehlo.constant dense<65535> : tensor<ui32>
-// CHECK: %[[LOWB:.*]] = stablehlo.broadcast_in_dim %[[LOW16]]
-// CHECK: %[[NOISE:.*]] = stablehlo.and %[[BITS]], %[[LOWB]] : tensor<4xui32>
+// CHECK: %[[NOISE:.*]] = stablehlo.convert %[[BITS]] : (tensor<4xui16>) -> tensor<4xui32>
 // CHECK: %[[SUM:.*]] = stablehlo.add %[[WORDS]], %[[NOISE]] : tensor<4xui32>
 // CHECK: %[[HIGH16:.*]] = stablehlo.constant dense<4294901760> : tensor<ui32>
 // CHECK: %[[HIGHB:.*]] = stablehlo.broadcast_in_dim %[[HIGH16]]
@@ -36,7 +34,7 @@
 // CHECK: %[[Z:.*]] = stablehlo.select %[[FINITE]], %[[Y]], %[[NEW]]
 // CHECK: %[[W:.*]] = stablehlo.convert %[[Z]] : (tensor<4xf32>) -> tensor<4xbf16>
 // CHECK-NOT: stablehlo.convert %[[NEW]]
-// CHECK: %[[S2:.*]], %[[BITS2:.*]] = stablehlo.rng_bit_generator %[[S1]], algorithm = THREE_FRY : (tensor<2xui64>) -> (tensor<2xui64>, tensor<2x3xui32>)
+// CHECK: %[[S2:.*]], %[[BITS2:.*]] = stablehlo.rng_bit_generator %[[S1]], algorithm = THREE_FRY : (tensor<2xui64>) -> (tensor<2xui64>, tensor<2x3xui16>)
 // CHECK: %[[V:.*]] = stablehlo.convert %{{.*}} : (tensor<2x3xf32>) -> tensor<2x3xbf16>
 // CHECK: %[[NEXTP:.*]] = stablehlo.bitcast_convert %[[S2]] : (tensor<2xui64>) -> tensor<2x2xui32>
 // CHECK: %[[NEXT:.*]] = stablehlo.reshape %[[NEXTP]] : (tensor<2x2xui32>) -> tensor<4xui32>

@@ -111,7 +111,7 @@ def test_kahan_compensation_follows_f32_within_half_an_ulp():
       np.asarray(step.init(jnp.asarray(params)).compensation, np.float32), 0)
 
 
-def test_kahan_buffers_only_for_bf16_parameters_and_they_shard_like_them():
+def test_kahan_buffers_only_for_bf16_parameters_in_the_params_tree():
   """A pytree of parameters: each bf16 leaf gets a buffer of its shape; an
   integer leaf gets None; the buffers come back in the same tree."""
   def loss(p, b):
@@ -200,11 +200,13 @@ def test_rounding_needs_bf16_parameters_and_a_state_with_its_buffers():
   with pytest.raises(ValueError,
                      match=r"accepted: nearest, stochastic, kahan"):
     amp.train_step(_linear, optax.sgd(0.1), BF16, update_rounding="up")
-  nearest = amp.train_step(_linear, optax.sgd(0.1), BF16)
-  stochastic = amp.train_step(_linear, optax.sgd(0.1), BF16,
-                              update_rounding="stochastic")
+  nearest = amp.train_step(_linear, optax.sgd(0.1), BF16,
+                           update_rounding="nearest")
+  stochastic = amp.train_step(_linear, optax.sgd(0.1), BF16)  # the default
   kahan = amp.train_step(_linear, optax.sgd(0.1), BF16,
                          update_rounding="kahan")
+  assert stochastic.init(jnp.ones(4)).rounding_key is not None
+  assert nearest.init(jnp.ones(4)).rounding_key is None
   with pytest.raises(TypeError, match="holds no rounding key"):
     stochastic(nearest.init(jnp.ones(4)), jnp.ones(4))
   with pytest.raises(TypeError, match="holds no compensation buffer"):
@@ -258,20 +260,29 @@ def test_bf16_weights_and_moments_take_six_bytes_per_parameter():
   assert abs(losses["low"] - losses["f32"]) < 0.02 * losses["f32"], losses
 
 
-def test_kahan_takes_four_bytes_per_parameter_with_the_moments_eight():
-  """bf16 parameter + bf16 buffer: an f32 master weight's 4 bytes; with
-  bf16 Adam moments 8 in all (12 with f32 moments)."""
+_KEEP_NU = {"keep_f32_state":
+            lambda path, leaf: ".nu" in jax.tree_util.keystr(path)}
+
+
+@pytest.mark.parametrize("policy, options, expected", [
+    ("p=f32,c=bf16,o=f32", {}, 12),
+    (BF16, {"update_rounding": "nearest"}, 10),
+    (BF16, {}, 10),  # stochastic
+    (BF16, {"update_rounding": "kahan"}, 12),
+    (BF16, {"opt_state_dtype": "bf16", "update_rounding": "nearest"}, 6),
+    (BF16, {"opt_state_dtype": "bf16"}, 6),
+    (BF16, {"opt_state_dtype": "bf16", **_KEEP_NU}, 8),
+    (BF16, {"opt_state_dtype": "bf16", "update_rounding": "kahan"}, 8),
+], ids=["f32", "nearest", "stochastic", "kahan", "nearest-moments",
+        "stochastic-moments", "stochastic-mu", "kahan-moments"])
+def test_persistent_state_bytes_per_parameter(policy, options, expected):
+  """README's table: parameters, Adam's state, the rounding key (16 bytes
+  in all) and Kahan buffers, per parameter, after a step."""
   params, batch = _mlp()
-  for opt_state_dtype, expected in (("f32", 12), ("bf16", 8)):
-    step = amp.train_step(_mlp_loss, optax.adam(1e-3), BF16,
-                          update_rounding="kahan",
-                          opt_state_dtype=opt_state_dtype)
-    state, _ = step(step.init(params), batch)
-    assert _state_bytes_per_parameter(state, params) == pytest.approx(
-        expected, abs=0.01)
-    assert _state_bytes_per_parameter(state._replace(compensation=None),
-                                      params) == pytest.approx(expected - 2,
-                                                               abs=0.01)
+  step = amp.train_step(_mlp_loss, optax.adam(1e-3), policy, **options)
+  state, _ = step(step.init(params), batch)
+  assert _state_bytes_per_parameter(state, params) == pytest.approx(
+      expected, abs=0.01)
 
 
 @pytest.mark.parametrize("make", [
@@ -295,6 +306,33 @@ def test_any_optax_state_is_stored_low_and_trains(make):
     dtype = jnp.dtype(leaf.dtype)
     if jnp.issubdtype(dtype, jnp.floating):
       assert dtype == (jnp.bfloat16 if leaf.ndim else jnp.float32)
+
+
+def test_leaves_the_user_keeps_f32_stay_f32():
+  """keep_f32_state(path, leaf) keeps Adam's second moment in f32 while
+  the first is stored in bf16: 2 + 2 + 4 bytes per parameter."""
+  params, batch = _mlp()
+  keep_nu = lambda path, leaf: ".nu" in jax.tree_util.keystr(path)
+  step = amp.train_step(_mlp_loss, optax.adam(1e-3), BF16,
+                        update_rounding="stochastic", opt_state_dtype="bf16",
+                        keep_f32_state=keep_nu)
+  state = step.init(params)
+  first = None
+  for _ in range(6):
+    state, metrics = step(state, batch)
+    first = float(metrics["loss"]) if first is None else first
+  assert float(metrics["loss"]) < first
+  adam = state.opt_state[0]
+  assert adam.mu["w1"].dtype == jnp.bfloat16
+  assert adam.nu["w1"].dtype == adam.nu["w2"].dtype == jnp.float32
+  assert _state_bytes_per_parameter(state, params) <= 8.01
+  with pytest.raises(ValueError, match="add opt_state_dtype='bf16'"):
+    amp.train_step(_mlp_loss, optax.adam(1e-3), BF16, keep_f32_state=keep_nu)
+  with pytest.raises(TypeError, match="must be a function"):
+    amp.train_step(_mlp_loss, optax.adam(1e-3), BF16,
+                   opt_state_dtype="bf16", keep_f32_state=".nu")
+  with pytest.raises(TypeError, match="on amp.train_step"):
+    amp.value_and_grad(_mlp_loss, BF16, keep_f32_state=keep_nu)
 
 
 def test_an_overflowed_step_leaves_low_moments_bit_identical():

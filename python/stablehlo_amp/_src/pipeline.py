@@ -113,7 +113,10 @@ def options_help(stateful: bool, indent: int = 0) -> str:
   its choices and default; for docstrings."""
   lines = []
   for name in accepted_options(stateful):
-    lines += textwrap.wrap(f"``{name}``: {contract.options()[name]['help']}",
+    spec = contract.options()[name]
+    low = (f" (default with p=bf16: {spec['bf16_params_default']})"
+           if stateful and "bf16_params_default" in spec else "")
+    lines += textwrap.wrap(f"``{name}``: {spec['help']}{low}",
                            80, initial_indent=" " * indent,
                            subsequent_indent=" " * (indent + 2),
                            break_on_hyphens=False)

@@ -221,13 +221,24 @@ class _LossScaledProgram:
                      "what it keeps in f32 as keep_f32=",
         "tolerance": "tolerance= is calibration's budget, on amp.transform",
         "error_measure": "error_measure= measures calibration's budget, on "
-                         "amp.transform"}
+                         "amp.transform",
+        "keep_f32_state": "keep_f32_state= selects optimizer-state leaves "
+                          "kept in f32, on amp.train_step"}
     for name in sorted(unknown):
       if name in elsewhere:
         raise TypeError(f"{type(self).__name__} does not take {name}=: "
                         f"{elsewhere[name]}")
     pl.check_option_names(options, self._stateful)
     self._options = pl.RewriteOptions.make(**options)
+    if (self._stateful and jnp.dtype(self.policy.param_dtype) ==
+        jnp.dtype(jnp.bfloat16)):
+      # Options whose default differs where the state keeps bf16
+      # parameters (update_rounding: stochastic), from the contract.
+      defaults = {name: spec["bf16_params_default"]
+                  for name, spec in contract.options().items()
+                  if "bf16_params_default" in spec and name not in options}
+      if defaults:
+        self._options = pl.RewriteOptions.make(**options, **defaults)
     self._programs: dict = {}  # by input signature, for `lower`
     self.rewrite_count = 0
 
@@ -411,8 +422,21 @@ class TrainStep(_LossScaledProgram):
   def __init__(self, loss_fn: Callable,
                optimizer: "optax.GradientTransformation",
                policy: Policy | str, loss_scale: LossScale | None,
-               donate: bool, has_aux: bool, **options):
+               donate: bool, has_aux: bool,
+               keep_f32_state: Callable[[Any, Any], bool] | None = None,
+               **options):
     super().__init__(loss_fn, policy, options)
+    if keep_f32_state is not None:
+      if not callable(keep_f32_state):
+        raise TypeError(
+            "keep_f32_state must be a function (path, leaf) -> bool over the "
+            "optimizer state's leaves, like jax.tree_util.tree_map_with_path"
+            f"'s, got a {type(keep_f32_state).__name__}")
+      if self._options.opt_state_dtype != "bf16":
+        raise ValueError(
+            "keep_f32_state= selects optimizer-state leaves to keep in f32 "
+            "when the rest are stored in bf16: add opt_state_dtype='bf16'")
+    self._keep_f32_state = keep_f32_state
     fp8_options = sorted(name for name in options if contract.options()[
         name]["pass"] == contract.FP8_GEMMS)
     if fp8_options and self.policy.gemm == "compute":
@@ -509,11 +533,10 @@ class TrainStep(_LossScaledProgram):
             (lambda x: x))
     params = jax.tree_util.tree_map(copy, params)
     opt_state = self.optimizer.init(_optimizer_view(params))
-    if self._options.opt_state_dtype == "bf16":
-      # Stored in bf16 (the step reads and updates it in f32).
-      opt_state = jax.tree_util.tree_map(
-          lambda x: x.astype(jnp.bfloat16) if _stored_low(x) else x,
-          opt_state)
+    # Stored in bf16 (the step reads and updates it in f32).
+    low = iter(self._state_stored_low(opt_state))
+    opt_state = jax.tree_util.tree_map(
+        lambda x: x.astype(jnp.bfloat16) if next(low) else x, opt_state)
     params = jax.tree_util.tree_map(
         lambda x: x.astype(self.policy.param_dtype)
         if is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
@@ -532,6 +555,16 @@ class TrainStep(_LossScaledProgram):
     return TrainState(params, opt_state, loss_scale,
                       jnp.zeros((), jnp.int32), model_state,
                       rounding_key=rounding_key, compensation=compensation)
+
+  def _state_stored_low(self, opt_state: Any) -> list[bool]:
+    """Per optimizer-state leaf: whether it is stored in bf16
+    (opt_state_dtype="bf16", a float tensor, and not kept f32 by
+    keep_f32_state)."""
+    if self._options.opt_state_dtype != "bf16":
+      return [False] * len(_leaves(opt_state))
+    keep = self._keep_f32_state or (lambda path, leaf: False)
+    return [_stored_low(leaf) and not keep(path, leaf) for path, leaf in
+            jax.tree_util.tree_flatten_with_path(opt_state)[0]]
 
   def __call__(self, state: TrainState, batch: Any):
     self._check_state(state)
@@ -589,9 +622,8 @@ class TrainStep(_LossScaledProgram):
     # in bf16; the step computes them in f32 and amp-round-state stores
     # them low (rounded to nearest).
     first = len(_leaves(params))
-    low_state = ([first + i for i, x in enumerate(_leaves(opt_state))
-                  if _stored_low(x)]
-                 if self._options.opt_state_dtype == "bf16" else [])
+    low_state = [first + i for i, low in
+                 enumerate(self._state_stored_low(opt_state)) if low]
     export_args, flags, leaves = _lowering_inputs(
         params, opt_state, model_state, batch, seed, f32_leaves=low_state)
     # The new parameters, optimizer state and model state are the outputs
@@ -698,7 +730,9 @@ def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
                policy: Policy | str = contract.default_policy(
                    training=True), *,
                loss_scale: LossScale | None = None, donate: bool = False,
-               has_aux: bool = False, **options) -> TrainStep:
+               has_aux: bool = False,
+               keep_f32_state: Callable[[Any, Any], bool] | None = None,
+               **options) -> TrainStep:
   """One compiled mixed-precision training step with loss scaling inside.
 
   `loss_fn(params, batch)` returns a scalar loss, or ``(loss, aux)`` with
@@ -715,9 +749,13 @@ def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
   have no optimizer state; the new model state must have the structure,
   shapes and dtypes of the one given.
   ``p=bf16`` stores the parameters in bf16 (the update is computed in f32
-  and rounded once per step, to nearest or, with
-  ``update_rounding="stochastic"``, without bias; the optimizer state
-  stays f32). `loss_scale`
+  and rounded once per step: by default without bias,
+  ``update_rounding="stochastic"``; with ``"kahan"`` to nearest with a
+  bf16 buffer per parameter carrying what the rounding lost; with
+  ``"nearest"`` to nearest, losing updates below half a bf16 ulp). ``opt_state_dtype="bf16"`` stores the
+  optimizer's float tensors in bf16 (updated in f32); the leaves for which
+  ``keep_f32_state(path, leaf)`` is true (a function like
+  `jax.tree_util.tree_map_with_path`'s) stay f32. `loss_scale`
   defaults to `DynamicLossScale()` for f16 compute and `NoOpLossScale()`
   otherwise.
 
@@ -740,7 +778,7 @@ OPTIONS
   (['grads_finite', 'loss', 'loss_scale', 'skipped_steps'], 0)
   """
   return TrainStep(loss_fn, optimizer, policy, loss_scale, donate, has_aux,
-                   **options)
+                   keep_f32_state, **options)
 
 
 class PrecisionHandler:
