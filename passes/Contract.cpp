@@ -316,6 +316,21 @@ mlir::amp::parseUpdateRounding(llvm::StringRef text) {
   return static_cast<UpdateRounding>(*index);
 }
 
+llvm::Expected<llvm::SmallVector<std::pair<unsigned, unsigned>>>
+mlir::amp::parseStateResults(llvm::ArrayRef<std::string> pairs) {
+  llvm::SmallVector<std::pair<unsigned, unsigned>> parsed;
+  for (const std::string &pair : pairs) {
+    auto [result, arg] = llvm::StringRef(pair).split(':');
+    unsigned resultIndex, argIndex;
+    if (result.trim().getAsInteger(10, resultIndex) ||
+        arg.trim().getAsInteger(10, argIndex))
+      return llvm::createStringError("invalid option 'state-results': '" +
+                                     pair + "' is not RESULT:ARG");
+    parsed.push_back({resultIndex, argIndex});
+  }
+  return parsed;
+}
+
 llvm::ArrayRef<llvm::StringRef> mlir::amp::optimizerStateDtypeNames() {
   return kOptimizerStateDtypeNames;
 }

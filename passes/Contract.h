@@ -15,6 +15,7 @@
 #define STABLEHLO_AMP_CONTRACT_H
 
 #include "llvm/ADT/ArrayRef.h"
+#include "llvm/ADT/SmallVector.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/Error.h"
 
@@ -244,6 +245,10 @@ enum class OptimizerStateDtype { F32, BF16 };
 llvm::ArrayRef<llvm::StringRef> optimizerStateDtypeNames();
 llvm::Expected<OptimizerStateDtype>
 parseOptimizerStateDtype(llvm::StringRef text);
+/// `RESULT:ARG` pairs (the `state-results` option of amp-round-state and
+/// amp-loss-scale): result RESULT of main is the new value of argument ARG.
+llvm::Expected<llvm::SmallVector<std::pair<unsigned, unsigned>>>
+parseStateResults(llvm::ArrayRef<std::string> pairs);
 
 //===----------------------------------------------------------------------===//
 // Entry-point options

@@ -91,15 +91,10 @@ llvm::Error LossScalePass::parseOptions() {
   config.maxScale = maxScale;
   if (llvm::Error error = validateLossScale(config))
     return error;
-  for (const std::string &pair : stateResults) {
-    auto [result, arg] = llvm::StringRef(pair).split(':');
-    unsigned resultIndex, argIndex;
-    if (result.trim().getAsInteger(10, resultIndex) ||
-        arg.trim().getAsInteger(10, argIndex))
-      return llvm::createStringError("invalid option 'state-results': '" +
-                                     pair + "' is not RESULT:ARG");
-    statePairs.push_back({resultIndex, argIndex});
-  }
+  auto pairs = parseStateResults(stateResults);
+  if (!pairs)
+    return pairs.takeError();
+  statePairs = std::move(*pairs);
   return llvm::Error::success();
 }
 

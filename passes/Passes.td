@@ -422,6 +422,11 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     on XLA:CPU: 1.38x f32's memory total with stochastic moments, 0.84x
     with moments rounded to nearest).
 
+    A step exported without these marks (a plain `jax.jit` training step)
+    names them with `state-results=R:N` (result R is the new value of
+    argument N; the pass marks it `amp.state_of = N`, which
+    `amp-loss-scale` reads next) and `optimizer-state-args=N,...`.
+
     `rounding=nearest` with `optimizer-state=f32` (the defaults) leaves the
     module unchanged. f16 state is neither rounded stochastically (its bits
     are not the top half of an f32's) nor compensated; it keeps its
@@ -470,6 +475,13 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
            "Dtype the optimizer state (arguments marked amp.optimizer_state "
            "and their new values) is stored in: f32 or bf16; the update "
            "still computes in f32">,
+    ListOption<"stateResults", "state-results", "std::string",
+               "RESULT:ARG pairs: result RESULT is the new value of argument "
+               "ARG (marks it amp.state_of, for a step exported without the "
+               "marks)">,
+    ListOption<"optimizerStateArgs", "optimizer-state-args", "unsigned",
+               "Indices of arguments that are optimizer state (marks them "
+               "amp.optimizer_state)">,
   ];
 }
 

@@ -157,8 +157,18 @@ public:
       return signalPassFailure();
     }
     auto main = module.lookupSymbol<func::FuncOp>("main");
-    if (!main || !main.isPublic() || main.isExternal())
+    if (!main || !main.isPublic() || main.isExternal()) {
+      if (!stateResults.empty() || !optimizerStateArgs.empty()) {
+        module.emitError() << "amp-round-state: state-results and "
+                              "optimizer-state-args name arguments and "
+                              "results of a public function 'main', and "
+                              "there is none";
+        return signalPassFailure();
+      }
       return;
+    }
+    if (failed(markNamedState(main)))
+      return signalPassFailure();
     llvm::SmallPtrSet<Operation *, 8> optimizerRoundings;
     if (*stateDtype == OptimizerStateDtype::BF16) {
       optimizerRoundings = storeOptimizerStateLow(main);
@@ -183,6 +193,41 @@ public:
   }
 
 private:
+  /// Marks what the state-results and optimizer-state-args options name,
+  /// as a front end would have.
+  LogicalResult markNamedState(func::FuncOp main) {
+    llvm::Expected<llvm::SmallVector<std::pair<unsigned, unsigned>>> pairs =
+        parseStateResults(stateResults);
+    if (!pairs)
+      return main.emitError() << llvm::toString(pairs.takeError());
+    OpBuilder builder(main.getContext());
+    unsigned arguments = main.getNumArguments();
+    for (auto [result, argument] : *pairs) {
+      if (result >= main.getNumResults() || argument >= arguments)
+        return main.emitError()
+               << "invalid option 'state-results': " << result << ":"
+               << argument << " names result " << result << " of "
+               << main.getNumResults() << " and argument " << argument
+               << " of " << arguments;
+      if (main.getResultTypes()[result] != main.getArgumentTypes()[argument])
+        return main.emitError()
+               << "invalid option 'state-results': result " << result << " ("
+               << main.getResultTypes()[result] << ") cannot be the new value "
+               << "of argument " << argument << " ("
+               << main.getArgumentTypes()[argument] << ")";
+      main.setResultAttr(result, attr::kStateOf,
+                         builder.getI64IntegerAttr(argument));
+    }
+    for (unsigned argument : optimizerStateArgs) {
+      if (argument >= arguments)
+        return main.emitError()
+               << "invalid option 'optimizer-state-args': argument "
+               << argument << " of " << arguments;
+      main.setArgAttr(argument, attr::kOptimizerState, builder.getUnitAttr());
+    }
+    return success();
+  }
+
   /// Appends a bf16 compensation buffer per rounded parameter to `main`
   /// (argument and result, `amp.compensation` = the parameter's argument).
   /// Each step adds the buffer to the f32 new value, rounds the sum to

@@ -141,3 +141,4 @@ func.func public @main(%w: tensor<4xbf16>, %m: tensor<4xf32> {amp.optimizer_stat
   %5 = stablehlo.add %k, %h : tensor<4xf32>
   return %4, %1, %c, %5, %h : tensor<4xbf16>, tensor<4xf32>, tensor<i32>, tensor<4xf32>, tensor<4xf32>
 }
+
