@@ -344,7 +344,7 @@ _OURS_KEYS = {"storage": ("f32", "compute"), "level": ("O1", "O2", "O3"),
               "gemm": ("f8", "f8e4m3fn", "f8e5m2"),
               "scaling": ("current", "delayed"), "params": ("bf16",),
               "rounding": ("nearest", "stochastic", "kahan"),
-              "moments": ("bf16",)}
+              "moments": ("bf16", "f8")}
 
 
 def _ours_options(variant: str) -> dict:

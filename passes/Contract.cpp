@@ -286,7 +286,7 @@ llvm::StringRef mlir::amp::fp8IneligibilityText(Fp8Ineligibility why) {
 namespace {
 constexpr llvm::StringRef kUpdateRoundingNames[] = {"nearest", "stochastic",
                                               "kahan"};
-constexpr llvm::StringRef kOptimizerStateDtypeNames[] = {"f32", "bf16"};
+constexpr llvm::StringRef kOptimizerStateDtypeNames[] = {"f32", "bf16", "f8"};
 // amp-fp8-gemms' scalings, for its entry option and the contract.
 constexpr llvm::StringRef kFp8ScalingNames[] = {"current", "delayed"};
 
@@ -747,6 +747,13 @@ std::string mlir::amp::contractJson() {
       {"options", std::move(entryOptions)},
       {"attributes", std::move(attributes)},
       {"loss_scale", lossScaleJson()},
+      // How optimizer-state=f8 lays out a tensor (a front end makes the
+      // first state in it).
+      {"optimizer_state_f8",
+       llvm::json::Object{
+           {"block", OptimizerStateBlocks::kBlock},
+           {"scale_bytes", OptimizerStateBlocks::kScaleBytes},
+           {"max", OptimizerStateBlocks::kMax}}},
       {"decisions", decisionsJson()},
       {"report", reportJson()},
       {"op_names", strings(shlo::knownOpNames())},

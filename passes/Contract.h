@@ -240,8 +240,19 @@ llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);
 enum class UpdateRounding { Nearest, Stochastic, Kahan };
 llvm::ArrayRef<llvm::StringRef> updateRoundingNames();
 llvm::Expected<UpdateRounding> parseUpdateRounding(llvm::StringRef text);
-/// The dtype amp-round-state stores optimizer state in.
-enum class OptimizerStateDtype { F32, BF16 };
+/// The dtype amp-round-state stores optimizer state in: f32, bf16, or f8
+/// (block-scaled FP8, `OptimizerStateBlocks`).
+enum class OptimizerStateDtype { F32, BF16, F8 };
+/// optimizer-state=f8's layout: a tensor of N elements is stored as
+/// ui8[ceil(N / kBlock), kBlock + 4]: per block of kBlock elements (the
+/// flattened tensor, zero-padded), their FP8 E4M3 codes scaled so the
+/// block's largest magnitude is kMax, then the block's f32 scale (largest
+/// magnitude / kMax) as 4 bytes.
+struct OptimizerStateBlocks {
+  static constexpr int64_t kBlock = 256;
+  static constexpr int64_t kScaleBytes = 4;
+  static constexpr double kMax = 448.0; // E4M3's largest finite value
+};
 llvm::ArrayRef<llvm::StringRef> optimizerStateDtypeNames();
 llvm::Expected<OptimizerStateDtype>
 parseOptimizerStateDtype(llvm::StringRef text);

@@ -422,6 +422,19 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     on XLA:CPU: 1.38x f32's memory total with stochastic moments, 0.84x
     with moments rounded to nearest).
 
+    With `optimizer-state=f8` each marked f32 tensor of N elements becomes a
+    `ui8[ceil(N/256), 260]` argument: per block of 256 elements (the
+    flattened tensor, zero-padded), their FP8 E4M3 codes, scaled so the
+    block's largest magnitude is 448 (E4M3's largest), then the block's f32
+    scale as 4 bytes (block-scaled 8-bit state, as bitsandbytes' and
+    torchao's 8-bit optimizers keep, with E4M3 codes in place of their
+    quantization maps: 3 significant bits, and values down to 2^-9 of 448
+    below the block's largest before they flush to zero). It is decoded to
+    f32 where it is read and its new value encoded before the return, in
+    the same fused elementwise region as the update. About 1.016 bytes per
+    element; the front end makes the first state (zeros are all-zero
+    bytes).
+
     A step exported without these marks (a plain `jax.jit` training step)
     names them with `state-results=R:N` (result R is the new value of
     argument N; the pass marks it `amp.state_of = N`, which
@@ -473,8 +486,9 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
            "per parameter appended)">,
     Option<"optimizerState", "optimizer-state", "std::string", "\"f32\"",
            "Dtype the optimizer state (arguments marked amp.optimizer_state "
-           "and their new values) is stored in: f32 or bf16; the update "
-           "still computes in f32">,
+           "and their new values) is stored in: f32, bf16, or f8 (FP8 E4M3 "
+           "codes with an f32 scale per block of 256); the update still "
+           "computes in f32">,
     ListOption<"stateResults", "state-results", "std::string",
                "RESULT:ARG pairs: result RESULT is the new value of argument "
                "ARG (marks it amp.state_of, for a step exported without the "

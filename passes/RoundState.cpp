@@ -61,15 +61,116 @@ SmallVector<RoundedState> roundingConverts(func::FuncOp main) {
   return converts;
 }
 
-/// Stores the f32 arguments of `main` marked amp.optimizer_state in bf16:
-/// each becomes a bf16 argument converted back to f32 where it is read, and
-/// its new value (the result marked amp.state_of it) is converted to bf16
-/// before the return, to nearest (see Passes.td). The marker is consumed.
-/// Returns those converts.
-llvm::SmallPtrSet<Operation *, 8> storeOptimizerStateLow(func::FuncOp main) {
+/// The f32 value of `stored`, optimizer state in the f8 layout
+/// (OptimizerStateBlocks) of a tensor of `type`.
+Value decodeBlocks(OpBuilder &builder, Location loc, Value stored,
+                   RankedTensorType type) {
+  using Blocks = OptimizerStateBlocks;
+  int64_t count = type.getNumElements();
+  int64_t blocks = cast<RankedTensorType>(stored.getType()).getDimSize(0);
+  Type f32 = builder.getF32Type();
+  auto codesType = RankedTensorType::get({blocks, Blocks::kBlock}, f32);
+  Value codeBytes = shlo::buildSlice(builder, loc, stored, {0, 0},
+                                     {blocks, Blocks::kBlock}, {1, 1});
+  Value codes = shlo::buildBitcastConvert(
+      builder, loc, codeBytes,
+      RankedTensorType::get({blocks, Blocks::kBlock},
+                            Float8E4M3FNType::get(builder.getContext())));
+  Value scaleBytes = shlo::buildSlice(
+      builder, loc, stored, {0, Blocks::kBlock},
+      {blocks, Blocks::kBlock + Blocks::kScaleBytes}, {1, 1});
+  Value scale = shlo::buildBitcastConvert(builder, loc, scaleBytes,
+                                          RankedTensorType::get({blocks}, f32));
+  Value values = shlo::buildElementwise(
+      builder, loc, "multiply",
+      {shlo::buildConvert(builder, loc, codes, f32),
+       shlo::buildBroadcastInDim(builder, loc, scale, codesType, {0})});
+  Value flat = shlo::buildReshape(builder, loc, values,
+                                  {blocks * Blocks::kBlock});
+  if (blocks * Blocks::kBlock != count)
+    flat = shlo::buildSlice(builder, loc, flat, {0}, {count}, {1});
+  if (type.getRank() == 1)
+    return flat;
+  return shlo::buildReshape(builder, loc, flat, type.getShape());
+}
+
+/// `value` (f32) in the f8 layout (OptimizerStateBlocks): per block, codes
+/// rounded to nearest FP8 E4M3 after scaling the block's largest magnitude
+/// to kMax, and the scale that undoes it. An all-zero block has scale 0.
+Value encodeBlocks(OpBuilder &builder, Location loc, Value value) {
+  using Blocks = OptimizerStateBlocks;
+  auto type = cast<RankedTensorType>(value.getType());
+  int64_t count = type.getNumElements();
+  int64_t blocks = (count + Blocks::kBlock - 1) / Blocks::kBlock;
+  Type f32 = builder.getF32Type();
+  Type u8 = builder.getIntegerType(8, /*isSigned=*/false);
+  auto blocksType = RankedTensorType::get({blocks, Blocks::kBlock}, f32);
+  auto scaleType = RankedTensorType::get({blocks}, f32);
+  auto constant = [&](double number, RankedTensorType like) {
+    return shlo::buildBroadcastScalar(
+        builder, loc, shlo::buildScalar(builder, loc, f32, number), like);
+  };
+  Value flat = type.getRank() == 1
+                   ? value
+                   : shlo::buildReshape(builder, loc, value, {count});
+  if (blocks * Blocks::kBlock != count)
+    flat = shlo::buildConcatenate(
+        builder, loc,
+        {flat, constant(0.0, RankedTensorType::get(
+                                 {blocks * Blocks::kBlock - count}, f32))},
+        0);
+  Value grouped = shlo::buildReshape(builder, loc, flat,
+                                     {blocks, Blocks::kBlock});
+  Value largest = shlo::buildReduce(
+      builder, loc, shlo::buildElementwise(builder, loc, "abs", {grouped}),
+      {1}, "maximum", 0.0);
+  Value scale = shlo::buildElementwise(builder, loc, "divide",
+                                       {largest, constant(Blocks::kMax,
+                                                          scaleType)});
+  // 1 where the block is all zero, so nothing divides by 0.
+  Value positive = shlo::buildCompare(builder, loc, largest,
+                                      constant(0.0, scaleType), "GT");
+  Value divisor = shlo::buildSelect(builder, loc, positive, scale,
+                                    constant(1.0, scaleType));
+  Value scaled = shlo::buildElementwise(
+      builder, loc, "divide",
+      {grouped, shlo::buildBroadcastInDim(builder, loc, divisor, blocksType,
+                                          {0})});
+  Value clamped = shlo::buildClamp(builder, loc,
+                                   constant(-Blocks::kMax, blocksType), scaled,
+                                   constant(Blocks::kMax, blocksType));
+  auto f8 = Float8E4M3FNType::get(builder.getContext());
+  Value codes = shlo::buildConvert(builder, loc, clamped, f8);
+  Value codeBytes = shlo::buildBitcastConvert(
+      builder, loc, codes,
+      RankedTensorType::get({blocks, Blocks::kBlock}, u8));
+  Value scaleBytes = shlo::buildBitcastConvert(
+      builder, loc, scale,
+      RankedTensorType::get({blocks, Blocks::kScaleBytes}, u8));
+  return shlo::buildConcatenate(builder, loc, {codeBytes, scaleBytes}, 1);
+}
+
+/// The type optimizer-state=f8 stores a tensor of `type` as.
+RankedTensorType blocksType(OpBuilder &builder, RankedTensorType type) {
+  using Blocks = OptimizerStateBlocks;
+  int64_t blocks =
+      (type.getNumElements() + Blocks::kBlock - 1) / Blocks::kBlock;
+  return RankedTensorType::get(
+      {blocks, Blocks::kBlock + Blocks::kScaleBytes},
+      builder.getIntegerType(8, /*isSigned=*/false));
+}
+
+/// Stores the f32 arguments of `main` marked amp.optimizer_state in
+/// `dtype` (bf16, or the f8 layout): each becomes an argument of that type
+/// decoded back to f32 where it is read, and its new value (the result
+/// marked amp.state_of it) is encoded before the return, bf16 to nearest
+/// (see Passes.td). The marker is consumed. Returns the bf16 converts.
+llvm::SmallPtrSet<Operation *, 8>
+storeOptimizerStateLow(func::FuncOp main, OptimizerStateDtype dtype) {
   llvm::SmallPtrSet<Operation *, 8> roundings;
   OpBuilder builder(main.getContext());
   Type bf16 = builder.getBF16Type();
+  Location loc = main.getLoc();
   Operation *terminator = main.front().getTerminator();
   llvm::SmallVector<Type> inputs(main.getArgumentTypes());
   llvm::SmallVector<Type> results(main.getResultTypes());
@@ -79,15 +180,26 @@ llvm::SmallPtrSet<Operation *, 8> storeOptimizerStateLow(func::FuncOp main) {
     main.removeArgAttr(i, attr::kOptimizerState);
     BlockArgument argument = main.getArgument(i);
     FloatType element = shlo::getFloatElementType(argument.getType());
-    if (!element || !element.isF32())
+    auto shaped = dyn_cast<RankedTensorType>(argument.getType());
+    if (!element || !element.isF32() || !shaped || !shaped.hasStaticShape() ||
+        shaped.getNumElements() == 0)
       continue;
-    Type lowType = shlo::withElementType(argument.getType(), bf16);
+    Type lowType = dtype == OptimizerStateDtype::F8
+                       ? Type(blocksType(builder, shaped))
+                       : shlo::withElementType(shaped, bf16);
+    // Its readers, before the decoding adds its own.
+    llvm::SmallVector<OpOperand *> readers;
+    for (OpOperand &use : argument.getUses())
+      readers.push_back(&use);
     argument.setType(lowType);
     inputs[i] = lowType;
     builder.setInsertionPointToStart(&main.front());
-    Value wide = shlo::buildConvert(builder, main.getLoc(), argument,
-                                    builder.getF32Type());
-    argument.replaceAllUsesExcept(wide, wide.getDefiningOp());
+    Value wide = dtype == OptimizerStateDtype::F8
+                     ? decodeBlocks(builder, loc, argument, shaped)
+                     : shlo::buildConvert(builder, loc, argument,
+                                          builder.getF32Type());
+    for (OpOperand *reader : readers)
+      reader->set(wide);
     for (unsigned r = 0, n = main.getNumResults(); r < n; ++r) {
       auto stateOf = main.getResultAttrOfType<IntegerAttr>(r, attr::kStateOf);
       if (!stateOf || stateOf.getInt() != static_cast<int64_t>(i))
@@ -96,8 +208,10 @@ llvm::SmallPtrSet<Operation *, 8> storeOptimizerStateLow(func::FuncOp main) {
       Value next = terminator->getOperand(r);
       if (next == wide) { // unchanged: return the argument itself
         terminator->setOperand(r, argument);
+      } else if (dtype == OptimizerStateDtype::F8) {
+        terminator->setOperand(r, encodeBlocks(builder, loc, next));
       } else {
-        Value low = shlo::buildConvert(builder, main.getLoc(), next, bf16);
+        Value low = shlo::buildConvert(builder, loc, next, bf16);
         roundings.insert(low.getDefiningOp());
         terminator->setOperand(r, low);
       }
@@ -170,8 +284,8 @@ public:
     if (failed(markNamedState(main)))
       return signalPassFailure();
     llvm::SmallPtrSet<Operation *, 8> optimizerRoundings;
-    if (*stateDtype == OptimizerStateDtype::BF16) {
-      optimizerRoundings = storeOptimizerStateLow(main);
+    if (*stateDtype != OptimizerStateDtype::F32) {
+      optimizerRoundings = storeOptimizerStateLow(main, *stateDtype);
     } else {
       for (unsigned i = 0, e = main.getNumArguments(); i < e; ++i)
         main.removeArgAttr(i, attr::kOptimizerState);

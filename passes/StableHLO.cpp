@@ -702,22 +702,22 @@ Operation *shlo::buildRegionReturn(OpBuilder &builder, Location loc,
   return createOp(builder, loc, opName("return"), values, {});
 }
 
-Value shlo::buildReduceAll(OpBuilder &builder, Location loc, Value value,
-                           llvm::StringRef combiner, double init) {
+Value shlo::buildReduce(OpBuilder &builder, Location loc, Value value,
+                        llvm::ArrayRef<int64_t> dimensions,
+                        llvm::StringRef combiner, double init) {
   auto type = cast<RankedTensorType>(value.getType());
-  if (type.getRank() == 0)
-    return value;
   Type element = type.getElementType();
   auto scalar = RankedTensorType::get({}, element);
-  Value initValue = buildScalar(builder, loc, element, init);
-  llvm::SmallVector<int64_t> dims;
+  llvm::SmallVector<int64_t> kept;
   for (int64_t d = 0; d < type.getRank(); ++d)
-    dims.push_back(d);
+    if (!llvm::is_contained(dimensions, d))
+      kept.push_back(type.getDimSize(d));
+  Value initValue = buildScalar(builder, loc, element, init);
   OperationState state(loc, opName("reduce"));
   state.addOperands({value, initValue});
-  state.addTypes(scalar);
-  state.propertiesAttr = builder.getDictionaryAttr(
-      {builder.getNamedAttr("dimensions", builder.getDenseI64ArrayAttr(dims))});
+  state.addTypes(RankedTensorType::get(kept, element));
+  state.propertiesAttr = builder.getDictionaryAttr({builder.getNamedAttr(
+      "dimensions", builder.getDenseI64ArrayAttr(dimensions))});
   Region *body = state.addRegion();
   Block *block = new Block();
   body->push_back(block);
@@ -729,6 +729,17 @@ Value shlo::buildReduceAll(OpBuilder &builder, Location loc, Value value,
       builder, loc, combiner, {block->getArgument(0), block->getArgument(1)});
   buildRegionReturn(builder, loc, combined);
   return reduce->getResult(0);
+}
+
+Value shlo::buildReduceAll(OpBuilder &builder, Location loc, Value value,
+                           llvm::StringRef combiner, double init) {
+  auto type = cast<RankedTensorType>(value.getType());
+  if (type.getRank() == 0)
+    return value;
+  llvm::SmallVector<int64_t> dims;
+  for (int64_t d = 0; d < type.getRank(); ++d)
+    dims.push_back(d);
+  return buildReduce(builder, loc, value, dims, combiner, init);
 }
 
 Value shlo::buildBitcastConvert(OpBuilder &builder, Location loc, Value value,
@@ -747,6 +758,19 @@ std::pair<Value, Value> shlo::buildRngBitGenerator(OpBuilder &builder,
                             opaque(builder.getContext(),
                                    "rng_algorithm THREE_FRY"))});
   return {op->getResult(0), op->getResult(1)};
+}
+
+Value shlo::buildBroadcastInDim(OpBuilder &builder, Location loc,
+                                Value value, RankedTensorType type,
+                                llvm::ArrayRef<int64_t> dimensions) {
+  auto valueType = cast<RankedTensorType>(value.getType());
+  return createOp(builder, loc, opName("broadcast_in_dim"), value,
+                  RankedTensorType::get(type.getShape(),
+                                        valueType.getElementType()),
+                  {builder.getNamedAttr("broadcast_dimensions",
+                                        builder.getDenseI64ArrayAttr(
+                                            dimensions))})
+      ->getResult(0);
 }
 
 Value shlo::buildBroadcastScalar(OpBuilder &builder, Location loc,

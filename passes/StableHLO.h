@@ -212,6 +212,16 @@ std::pair<Value, Value> buildRngBitGenerator(OpBuilder &builder, Location loc,
 /// `combiner` ("and", "maximum", "add") and the initial value `init`.
 Value buildReduceAll(OpBuilder &builder, Location loc, Value value,
                      llvm::StringRef combiner, double init);
+/// A reduction of `value` over `dimensions` with the binary combiner
+/// `combiner` and the initial value `init`.
+Value buildReduce(OpBuilder &builder, Location loc, Value value,
+                  llvm::ArrayRef<int64_t> dimensions, llvm::StringRef combiner,
+                  double init);
+/// `stablehlo.broadcast_in_dim` of `value` to `type`'s shape, operand
+/// dimension i becoming result dimension `dimensions[i]`.
+Value buildBroadcastInDim(OpBuilder &builder, Location loc, Value value,
+                          RankedTensorType type,
+                          llvm::ArrayRef<int64_t> dimensions);
 /// Broadcasts a rank-0 tensor to `type`'s shape.
 Value buildBroadcastScalar(OpBuilder &builder, Location loc, Value scalar,
                            RankedTensorType type);

@@ -273,8 +273,11 @@ _KEEP_NU = {"keep_f32_state":
     (BF16, {"opt_state_dtype": "bf16"}, 6),
     (BF16, {"opt_state_dtype": "bf16", **_KEEP_NU}, 8),
     (BF16, {"opt_state_dtype": "bf16", "update_rounding": "kahan"}, 8),
+    # 260 bytes per block of 256 moments: 4 + 2 * 4 / 256
+    (BF16, {"opt_state_dtype": "f8"}, 4.03125),
 ], ids=["f32", "nearest", "stochastic", "kahan", "nearest-moments",
-        "stochastic-moments", "stochastic-mu", "kahan-moments"])
+        "stochastic-moments", "stochastic-mu", "kahan-moments",
+        "stochastic-f8-moments"])
 def test_persistent_state_bytes_per_parameter(policy, options, expected):
   """README's table: parameters, Adam's state, the rounding key (16 bytes
   in all) and Kahan buffers, per parameter, after a step."""
@@ -335,10 +338,11 @@ def test_leaves_the_user_keeps_f32_stay_f32():
     amp.value_and_grad(_mlp_loss, BF16, keep_f32_state=keep_nu)
 
 
-def test_an_overflowed_step_leaves_low_moments_bit_identical():
+@pytest.mark.parametrize("dtype", ["bf16", "f8"])
+def test_an_overflowed_step_leaves_low_moments_bit_identical(dtype):
   params, batch = _mlp()
   step = amp.train_step(_mlp_loss, optax.adam(1e-3), "p=bf16,c=f16,o=f32",
-                        update_rounding="stochastic", opt_state_dtype="bf16",
+                        update_rounding="stochastic", opt_state_dtype=dtype,
                         loss_scale=amp.DynamicLossScale(2.0 ** 8))
   state, _ = step(step.init(params), batch)
   x, y = batch
@@ -348,11 +352,12 @@ def test_an_overflowed_step_leaves_low_moments_bit_identical():
                         (after.params, after.opt_state, after.rounding_key))
 
 
-def test_a_checkpoint_of_low_moments_resumes_identically():
+@pytest.mark.parametrize("dtype", ["bf16", "f8"])
+def test_a_checkpoint_of_low_moments_resumes_identically(dtype):
   serialization = pytest.importorskip("flax.serialization")
   params, batch = _mlp()
   step = amp.train_step(_mlp_loss, optax.adam(1e-3), BF16,
-                        update_rounding="stochastic", opt_state_dtype="bf16")
+                        update_rounding="stochastic", opt_state_dtype=dtype)
   straight = step.init(params)
   for _ in range(4):
     straight, _ = step(straight, batch)
@@ -364,3 +369,79 @@ def test_a_checkpoint_of_low_moments_resumes_identically():
   for _ in range(2):
     restored, _ = step(restored, batch)
   _assert_bit_identical(restored, straight)
+
+
+# -- block-scaled FP8 optimizer state ------------------------------------------
+
+
+def _decode_f8(stored: np.ndarray, shape) -> np.ndarray:
+  """The f32 values of state in the f8 layout: per row, 256 E4M3 codes,
+  then the f32 scale's 4 bytes."""
+  stored = np.asarray(stored)
+  codes = stored[:, :256].copy().view(ml_dtypes.float8_e4m3fn)
+  scales = stored[:, 256:].copy().view(np.float32)
+  values = codes.astype(np.float32) * scales
+  return values.reshape(-1)[:int(np.prod(shape))].reshape(shape)
+
+
+def test_f8_state_is_block_scaled_e4m3_bit_for_bit():
+  """SGD with momentum from zero: after one step the trace is the gradient
+  (here the batch, 600 values spanning 1e-4 to 1e2 in magnitude, so the
+  last of 3 blocks is padded). Per block of 256 the stored scale is the
+  largest magnitude / 448 (to 1 ulp: XLA may multiply by 1/448) and the
+  codes are exactly NumPy's values / scale rounded to nearest E4M3."""
+  rng = np.random.default_rng(3)
+  grad = (rng.choice([-1, 1], 600) *
+          10.0 ** rng.uniform(-4, 2, 600)).astype(np.float32)
+  step = amp.train_step(_linear, optax.sgd(1e-3, momentum=0.9), BF16,
+                        opt_state_dtype="f8")
+  state = step.init(jnp.ones((2, 300)))
+  trace = state.opt_state[0].trace
+  assert trace.dtype == jnp.uint8 and trace.shape == (3, 260)
+  np.testing.assert_array_equal(np.asarray(trace), 0)
+  state, _ = step(state, jnp.asarray(grad.reshape(2, 300)))
+  padded = np.zeros(768, np.float32)
+  padded[:600] = grad
+  blocks = padded.reshape(3, 256)
+  stored = np.asarray(state.opt_state[0].trace)
+  scale = stored[:, 256:].copy().view(np.float32).reshape(3)
+  np.testing.assert_allclose(
+      scale, np.abs(blocks).max(axis=1) / np.float32(448), rtol=2.0 ** -23)
+  codes = (blocks / scale[:, None]).astype(ml_dtypes.float8_e4m3fn)
+  np.testing.assert_array_equal(stored[:, :256], codes.view(np.uint8))
+  # Decoded: within E4M3's half ulp (2^-4 of the value) where the value is
+  # within 2^6 of its block's largest, and never above the largest.
+  decoded = _decode_f8(state.opt_state[0].trace, (600,))
+  large = np.abs(grad) >= np.repeat(np.abs(blocks).max(axis=1), 256)[:600] / 64
+  np.testing.assert_allclose(decoded[large], grad[large], rtol=2.0 ** -4)
+
+
+def test_f8_moments_train_like_f32_moments():
+  params, batch = _mlp()
+  losses = {}
+  for dtype in ("f32", "f8"):
+    step = amp.train_step(_mlp_loss, optax.adam(1e-3), BF16,
+                          opt_state_dtype=dtype)
+    state = step.init(params)
+    for _ in range(30):
+      state, metrics = step(state, batch)
+    losses[dtype] = float(metrics["loss"])
+  assert abs(losses["f8"] - losses["f32"]) < 0.02 * losses["f32"], losses
+
+
+def test_f8_state_must_start_at_zero():
+  """rmsprop's ν starts at initial_scale: init cannot make its f8 bytes
+  without the pass, and says what to do."""
+  params, _ = _mlp()
+  step = amp.train_step(_mlp_loss, optax.rmsprop(1e-3, initial_scale=1.0),
+                        BF16, opt_state_dtype="f8")
+  with pytest.raises(ValueError, match=r"starts nonzero: keep it in f32 with "
+                     r"keep_f32_state="):
+    step.init(params)
+  keep_nu = amp.train_step(
+      _mlp_loss, optax.rmsprop(1e-3, initial_scale=1.0), BF16,
+      opt_state_dtype="f8",
+      keep_f32_state=lambda path, leaf: ".nu" in jax.tree_util.keystr(path))
+  state, _ = keep_nu(keep_nu.init(params), _mlp()[1])
+  assert all(leaf.dtype == jnp.float32 for leaf in
+             jax.tree_util.tree_leaves(state.opt_state) if leaf.ndim)

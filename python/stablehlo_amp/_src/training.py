@@ -11,7 +11,8 @@ compiled program with no host round trip.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
+from typing import (TYPE_CHECKING, Any, Callable, Mapping, NamedTuple,
+                    Sequence)
 
 import warnings
 
@@ -46,27 +47,39 @@ def _param_flags(tree: Any) -> list[bool]:
 
 
 def _stored_low(x: Any) -> bool:
-  """Whether opt_state_dtype="bf16" stores an optimizer-state leaf in bf16:
-  f32 tensors (moments, momentum, accumulated gradients). Scalars stay as
-  they are: hyperparameters (Adam's b2 = 0.999 is 1.0 in bf16, and its bias
-  correction would divide by zero) and counters."""
+  """Whether opt_state_dtype="bf16" or "f8" stores an optimizer-state leaf
+  low: f32 tensors (moments, momentum, accumulated gradients). Scalars stay
+  as they are: hyperparameters (Adam's b2 = 0.999 is 1.0 in bf16, and its
+  bias correction would divide by zero) and counters."""
   return (is_float(x) and jnp.ndim(x) > 0 and
           jnp.dtype(jax_compat.dtype_of(x)) in (jnp.dtype(jnp.float32),
                                                jnp.dtype(jnp.bfloat16)))
 
 
+def _f8_blocks(shape: Sequence[int]) -> tuple[int, int]:
+  """The shape opt_state_dtype="f8" stores a tensor of `shape` as
+  (`optimizer_state_f8` in the contract: blocks of codes, each followed by
+  its f32 scale's bytes)."""
+  layout = contract.document()["optimizer_state_f8"]
+  count = int(np.prod(shape, dtype=np.int64))
+  return (-(-count // layout["block"]),
+          layout["block"] + layout["scale_bytes"])
+
+
 def _lowering_inputs(params: Any, *others: Any,
-                     f32_leaves: Sequence[int] = ()
+                     f32_leaves: Mapping[int, Any] = {}
                      ) -> tuple[tuple, list, list]:
   """What a step's program is lowered and called with: the export specs of
   ``(params, *others)`` (float parameters as f32: the pass gives them the
   `p=` dtype; the flat leaves `f32_leaves`, optimizer state the pass stores
-  low, as f32 too), the parameter flag of each leaf, and the leaves."""
+  low, as f32 of the shape given there), the parameter flag of each leaf,
+  and the leaves."""
   trees = (params, *others)
   leaves, treedef = jax.tree_util.tree_flatten(trees)
   flags = _param_flags(params) + [False] * (len(leaves) - len(_leaves(params)))
-  avals = [jax.ShapeDtypeStruct(jnp.shape(x), jax_compat.dtype_of(x))
-           for x in leaves]
+  avals = [jax.ShapeDtypeStruct(jnp.shape(f32_leaves.get(i, x)),
+                                jax_compat.dtype_of(f32_leaves.get(i, x)))
+           for i, x in enumerate(leaves)]
   as_f32 = [flag or i in f32_leaves for i, flag in enumerate(flags)]
   specs = jax.tree_util.tree_unflatten(treedef,
                                        prog.export_specs(avals, as_f32))
@@ -432,10 +445,11 @@ class TrainStep(_LossScaledProgram):
             "keep_f32_state must be a function (path, leaf) -> bool over the "
             "optimizer state's leaves, like jax.tree_util.tree_map_with_path"
             f"'s, got a {type(keep_f32_state).__name__}")
-      if self._options.opt_state_dtype != "bf16":
+      if self._options.opt_state_dtype == "f32":
         raise ValueError(
             "keep_f32_state= selects optimizer-state leaves to keep in f32 "
-            "when the rest are stored in bf16: add opt_state_dtype='bf16'")
+            "when the rest are stored low: add opt_state_dtype='bf16' (or "
+            "'f8')")
     self._keep_f32_state = keep_f32_state
     fp8_options = sorted(name for name in options if contract.options()[
         name]["pass"] == contract.FP8_GEMMS)
@@ -533,10 +547,11 @@ class TrainStep(_LossScaledProgram):
             (lambda x: x))
     params = jax.tree_util.tree_map(copy, params)
     opt_state = self.optimizer.init(_optimizer_view(params))
-    # Stored in bf16 (the step reads and updates it in f32).
-    low = iter(self._state_stored_low(opt_state))
-    opt_state = jax.tree_util.tree_map(
-        lambda x: x.astype(jnp.bfloat16) if next(low) else x, opt_state)
+    # Stored low (the step reads and updates it in f32).
+    flags = iter(self._state_stored_low(opt_state))
+    opt_state = jax.tree_util.tree_map_with_path(
+        lambda path, x: self._store_low(path, x) if next(flags) else x,
+        opt_state)
     params = jax.tree_util.tree_map(
         lambda x: x.astype(self.policy.param_dtype)
         if is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
@@ -556,11 +571,24 @@ class TrainStep(_LossScaledProgram):
                       jnp.zeros((), jnp.int32), model_state,
                       rounding_key=rounding_key, compensation=compensation)
 
+  def _store_low(self, path: Any, x: Any) -> Any:
+    """An optimizer-state leaf as opt_state_dtype stores it: bf16, or the
+    f8 layout, which `init` makes for state that starts at zero (Adam's
+    moments, momentum: the optimizers that have one) and the step keeps."""
+    if self._options.opt_state_dtype == "bf16":
+      return x.astype(jnp.bfloat16)
+    if np.any(np.asarray(x) != 0):
+      raise ValueError(
+          f"opt_state_dtype='f8' stores optimizer state that starts at zero, "
+          f"and {jax.tree_util.keystr(path) or 'the state'} starts nonzero: "
+          "keep it in f32 with keep_f32_state=, or use opt_state_dtype='bf16'")
+    return jnp.zeros(_f8_blocks(jnp.shape(x)), jnp.uint8)
+
   def _state_stored_low(self, opt_state: Any) -> list[bool]:
-    """Per optimizer-state leaf: whether it is stored in bf16
-    (opt_state_dtype="bf16", a float tensor, and not kept f32 by
-    keep_f32_state)."""
-    if self._options.opt_state_dtype != "bf16":
+    """Per optimizer-state leaf: whether it is stored low
+    (opt_state_dtype="bf16" or "f8", a float tensor, and not kept f32 by
+    keep_f32_state). `opt_state` as the optimizer makes it (f32)."""
+    if self._options.opt_state_dtype == "f32":
       return [False] * len(_leaves(opt_state))
     keep = self._keep_f32_state or (lambda path, leaf: False)
     return [_stored_low(leaf) and not keep(path, leaf) for path, leaf in
@@ -621,9 +649,12 @@ class TrainStep(_LossScaledProgram):
     # With opt_state_dtype="bf16" the optimizer's float tensors are carried
     # in bf16; the step computes them in f32 and amp-round-state stores
     # them low (rounded to nearest).
+    # The flags come from the state as the optimizer makes it: stored in
+    # the f8 layout a leaf no longer has its shape.
     first = len(_leaves(params))
-    low_state = [first + i for i, low in
-                 enumerate(self._state_stored_low(opt_state)) if low]
+    made = jax.eval_shape(self.optimizer.init, _optimizer_view(params))
+    low_state = {first + i: leaf for i, (leaf, low) in enumerate(zip(
+        _leaves(made), self._state_stored_low(made))) if low}
     export_args, flags, leaves = _lowering_inputs(
         params, opt_state, model_state, batch, seed, f32_leaves=low_state)
     # The new parameters, optimizer state and model state are the outputs
@@ -640,7 +671,8 @@ class TrainStep(_LossScaledProgram):
     state_leaves = [(loss_aux + i, i) for i in range(carried)]
     program = self._build(self._program_key(state, batch), inner, export_args,
                           flags, len(leaves) - 1, state.loss_scale,
-                          state_leaves, optimizer_state_leaves=low_state)
+                          state_leaves,
+                          optimizer_state_leaves=sorted(low_state))
     histories = self._histories(program, state.amax_history)
     # The compensation buffers, one place per parameter leaf (the first
     # leaves of the step's inputs).
