@@ -23,6 +23,8 @@ donated, for each variant:
   ours-bf16-params-bf16-stochastic-moments-bf16  the same with bf16 moments
   ours-bf16-params-bf16-kahan-moments-bf16  update_rounding="kahan" (a bf16
                       compensation buffer per parameter), bf16 moments
+  ours-bf16-params-bf16-stochastic-moments-f8  stochastic, block-scaled FP8
+                      moments (opt_state_dtype="f8")
   jmp-style           parameters cast to bf16 inside the loss by hand,
                       f32 master parameters and Adam state (jmp's recipe)
   all-bf16            parameters, Adam state and compute in bf16
@@ -95,7 +97,8 @@ VARIANTS = ("f32", "ours-bf16", "ours-f16", "ours-bf16-gemm-f8",
             "ours-bf16-storage-f32", "ours-bf16-no-remat",
             "ours-bf16-moments-bf16", "ours-bf16-params-bf16-stochastic",
             "ours-bf16-params-bf16-stochastic-moments-bf16",
-            "ours-bf16-params-bf16-kahan-moments-bf16", "jmp-style",
+            "ours-bf16-params-bf16-kahan-moments-bf16",
+            "ours-bf16-params-bf16-stochastic-moments-f8", "jmp-style",
             "all-bf16")
 # --smoke: f32 (the baseline), ours with both kinds of decisions XLA must
 # keep (stored values, FP8 GEMMs), and a hand-cast step; `make
@@ -119,6 +122,9 @@ OURS = {
     "ours-bf16-params-bf16-kahan-moments-bf16": (
         "p=bf16,c=bf16,o=f32", {"update_rounding": "kahan",
                                 "opt_state_dtype": "bf16"}),
+    "ours-bf16-params-bf16-stochastic-moments-f8": (
+        "p=bf16,c=bf16,o=f32", {"update_rounding": "stochastic",
+                                "opt_state_dtype": "f8"}),
 }
 # Decisions a backend is known not to keep, with the reason; any other loss
 # fails the run.
