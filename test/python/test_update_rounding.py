@@ -293,22 +293,30 @@ def test_persistent_state_bytes_per_parameter(policy, options, expected):
     lambda: optax.MultiSteps(optax.adam(1e-3), every_k_schedule=2),
     lambda: optax.inject_hyperparams(optax.adam)(learning_rate=1e-3),
     lambda: optax.sgd(1e-2, momentum=0.9),
-], ids=["chain", "multisteps", "inject_hyperparams", "momentum"])
-def test_any_optax_state_is_stored_low_and_trains(make):
+    lambda: optax.chain(  # each leaf's state in one of the two
+        optax.masked(optax.adam(1e-3), {"w1": True, "w2": False}),
+        optax.masked(optax.sgd(1e-2, momentum=0.9),
+                     {"w1": False, "w2": True})),
+], ids=["chain", "multisteps", "inject_hyperparams", "momentum", "masked"])
+@pytest.mark.parametrize("dtype", ["bf16", "f8"])
+def test_any_optax_state_is_stored_low_and_trains(make, dtype):
   params, batch = _mlp()
-  step = amp.train_step(_mlp_loss, make(), BF16, opt_state_dtype="bf16")
+  step = amp.train_step(_mlp_loss, make(), BF16, opt_state_dtype=dtype)
   state = step.init(params)
   first = None
   for _ in range(6):
     state, metrics = step(state, batch)
     first = float(metrics["loss"]) if first is None else first
   assert float(metrics["loss"]) < first
-  # Float tensors are bf16; scalars (hyperparameters: Adam's b2 = 0.999
-  # would be 1.0) and integer counters keep their dtype.
+  # Float tensors are stored low; scalars (hyperparameters: Adam's
+  # b2 = 0.999 would be 1.0) and integer counters keep their dtype.
+  low = jnp.dtype(jnp.bfloat16 if dtype == "bf16" else jnp.uint8)
+  tensors = [leaf for leaf in jax.tree_util.tree_leaves(state.opt_state)
+             if leaf.ndim]
+  assert tensors and all(jnp.dtype(leaf.dtype) == low for leaf in tensors)
   for leaf in jax.tree_util.tree_leaves(state.opt_state):
-    dtype = jnp.dtype(leaf.dtype)
-    if jnp.issubdtype(dtype, jnp.floating):
-      assert dtype == (jnp.bfloat16 if leaf.ndim else jnp.float32)
+    if not leaf.ndim and jnp.issubdtype(leaf.dtype, jnp.floating):
+      assert jnp.dtype(leaf.dtype) == jnp.float32
 
 
 def test_leaves_the_user_keeps_f32_stay_f32():
