@@ -432,8 +432,8 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     below the block's largest before they flush to zero). It is decoded to
     f32 where it is read and its new value encoded before the return, in
     the same fused elementwise region as the update. About 1.016 bytes per
-    element; the front end makes the first state (zeros are all-zero
-    bytes).
+    element; the front end encodes the optimizer's first state the same
+    way.
 
     A step exported without these marks (a plain `jax.jit` training step)
     names them with `state-results=R:N` (result R is the new value of

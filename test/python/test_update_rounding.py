@@ -12,6 +12,7 @@ import optax
 import pytest
 
 import stablehlo_amp as amp
+from stablehlo_amp._src.training import _encode_f8 as encode_f8
 
 BF16 = "p=bf16,c=bf16,o=f32"
 
@@ -437,19 +438,33 @@ def test_f8_moments_train_like_f32_moments():
   assert abs(losses["f8"] - losses["f32"]) < 0.02 * losses["f32"], losses
 
 
-def test_f8_state_must_start_at_zero():
-  """rmsprop's ν starts at initial_scale: init cannot make its f8 bytes
-  without the pass, and says what to do."""
-  params, _ = _mlp()
+def test_f8_initial_state_is_encoded_as_the_pass_encodes():
+  """rmsprop's ν starts at initial_scale: init encodes it (also under jit,
+  as a sharded init runs it) into the bytes the step's own encoding gives
+  the same values, and training runs from there."""
+  params, batch = _mlp()
+  start = {"w1": jnp.full((32, 128), 0.5), "w2": jnp.linspace(-3, 3, 512)
+           .reshape(128, 4)}
   step = amp.train_step(_mlp_loss, optax.rmsprop(1e-3, initial_scale=1.0),
                         BF16, opt_state_dtype="f8")
-  with pytest.raises(ValueError, match=r"starts nonzero: keep it in f32 with "
-                     r"keep_f32_state="):
-    step.init(params)
-  keep_nu = amp.train_step(
-      _mlp_loss, optax.rmsprop(1e-3, initial_scale=1.0), BF16,
-      opt_state_dtype="f8",
-      keep_f32_state=lambda path, leaf: ".nu" in jax.tree_util.keystr(path))
-  state, _ = keep_nu(keep_nu.init(params), _mlp()[1])
-  assert all(leaf.dtype == jnp.float32 for leaf in
-             jax.tree_util.tree_leaves(state.opt_state) if leaf.ndim)
+  state = jax.jit(step.init)(params)
+  nu = state.opt_state[0].nu
+  for name in ("w1", "w2"):
+    np.testing.assert_array_equal(_decode_f8(nu[name], params[name].shape),
+                                  1.0)
+  # The pass's encoding of known values (SGD's trace after one step is the
+  # gradient, the batch) against init's encoding of the same values.
+  sgd = amp.train_step(_linear, optax.sgd(1.0, momentum=0.5), BF16,
+                       opt_state_dtype="f8")
+  for values in start.values():
+    stepped, _ = sgd(sgd.init(jnp.ones(values.shape)), values)
+    by_pass = np.asarray(stepped.opt_state[0].trace)
+    by_init = np.asarray(encode_f8(values))
+    np.testing.assert_array_equal(by_pass[:, :256], by_init[:, :256])
+    np.testing.assert_allclose(by_pass[:, 256:].copy().view(np.float32),
+                               by_init[:, 256:].copy().view(np.float32),
+                               rtol=2.0 ** -23)
+  for _ in range(3):
+    state, metrics = step(state, batch)
+  assert np.isfinite(float(metrics["loss"]))
+

@@ -66,6 +66,25 @@ def _f8_blocks(shape: Sequence[int]) -> tuple[int, int]:
           layout["block"] + layout["scale_bytes"])
 
 
+def _encode_f8(x: Any) -> jax.Array:
+  """`x` (f32) in the f8 layout, as amp-round-state encodes a step's new
+  state (RoundState.cpp, encodeBlocks; `test_update_rounding.py` holds the
+  two to the same bytes): the first state, which the optimizer makes."""
+  layout = contract.document()["optimizer_state_f8"]
+  blocks, _ = _f8_blocks(jnp.shape(x))
+  flat = jnp.ravel(jnp.asarray(x, jnp.float32))
+  flat = jnp.pad(flat, (0, blocks * layout["block"] - flat.size))
+  grouped = flat.reshape(blocks, layout["block"])
+  largest = jnp.max(jnp.abs(grouped), axis=1)
+  scale = largest / jnp.float32(layout["max"])
+  divisor = jnp.where(largest > 0, scale, jnp.float32(1))
+  codes = jnp.clip(grouped / divisor[:, None], -layout["max"],
+                   layout["max"]).astype(jnp.float8_e4m3fn)
+  return jnp.concatenate(
+      [jax.lax.bitcast_convert_type(codes, jnp.uint8),
+       jax.lax.bitcast_convert_type(scale, jnp.uint8)], axis=1)
+
+
 def _lowering_inputs(params: Any, *others: Any,
                      f32_leaves: Mapping[int, Any] = {}
                      ) -> tuple[tuple, list, list]:
@@ -573,16 +592,11 @@ class TrainStep(_LossScaledProgram):
 
   def _store_low(self, path: Any, x: Any) -> Any:
     """An optimizer-state leaf as opt_state_dtype stores it: bf16, or the
-    f8 layout, which `init` makes for state that starts at zero (Adam's
-    moments, momentum: the optimizers that have one) and the step keeps."""
+    f8 layout."""
+    del path
     if self._options.opt_state_dtype == "bf16":
       return x.astype(jnp.bfloat16)
-    if np.any(np.asarray(x) != 0):
-      raise ValueError(
-          f"opt_state_dtype='f8' stores optimizer state that starts at zero, "
-          f"and {jax.tree_util.keystr(path) or 'the state'} starts nonzero: "
-          "keep it in f32 with keep_f32_state=, or use opt_state_dtype='bf16'")
-    return jnp.zeros(_f8_blocks(jnp.shape(x)), jnp.uint8)
+    return _encode_f8(x)
 
   def _state_stored_low(self, opt_state: Any) -> list[bool]:
     """Per optimizer-state leaf: whether it is stored low
