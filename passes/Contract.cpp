@@ -753,7 +753,8 @@ std::string mlir::amp::contractJson() {
        llvm::json::Object{
            {"block", OptimizerStateBlocks::kBlock},
            {"scale_bytes", OptimizerStateBlocks::kScaleBytes},
-           {"max", OptimizerStateBlocks::kMax}}},
+           {"max", OptimizerStateBlocks::kMax},
+           {"smallest", OptimizerStateBlocks::kSmallest}}},
       {"decisions", decisionsJson()},
       {"report", reportJson()},
       {"op_names", strings(shlo::knownOpNames())},

@@ -245,13 +245,15 @@ llvm::Expected<UpdateRounding> parseUpdateRounding(llvm::StringRef text);
 enum class OptimizerStateDtype { F32, BF16, F8 };
 /// optimizer-state=f8's layout: a tensor of N elements is stored as
 /// ui8[ceil(N / kBlock), kBlock + 4]: per block of kBlock elements (the
-/// flattened tensor, zero-padded), their FP8 E4M3 codes scaled so the
-/// block's largest magnitude is kMax, then the block's f32 scale (largest
-/// magnitude / kMax) as 4 bytes.
+/// flattened tensor, zero-padded), the FP8 E4M3 codes of
+/// r = sign(x) * sqrt(|x|) scaled so the block's largest |r| is kMax (a
+/// nonzero r never below kSmallest: never flushed to zero), then the
+/// block's f32 scale (largest |r| / kMax) as 4 bytes.
 struct OptimizerStateBlocks {
   static constexpr int64_t kBlock = 256;
   static constexpr int64_t kScaleBytes = 4;
-  static constexpr double kMax = 448.0; // E4M3's largest finite value
+  static constexpr double kMax = 448.0;      // E4M3's largest finite value
+  static constexpr double kSmallest = 0x1p-9; // and its smallest subnormal
 };
 llvm::ArrayRef<llvm::StringRef> optimizerStateDtypeNames();
 llvm::Expected<OptimizerStateDtype>

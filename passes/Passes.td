@@ -424,12 +424,16 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
 
     With `optimizer-state=f8` each marked f32 tensor of N elements becomes a
     `ui8[ceil(N/256), 260]` argument: per block of 256 elements (the
-    flattened tensor, zero-padded), their FP8 E4M3 codes, scaled so the
-    block's largest magnitude is 448 (E4M3's largest), then the block's f32
-    scale as 4 bytes (block-scaled 8-bit state, as bitsandbytes' and
-    torchao's 8-bit optimizers keep, with E4M3 codes in place of their
-    quantization maps: 3 significant bits, and values down to 2^-9 of 448
-    below the block's largest before they flush to zero). It is decoded to
+    flattened tensor, zero-padded), the FP8 E4M3 codes of
+    r = sign(x) * sqrt(|x|), scaled so the block's largest |r| is 448
+    (E4M3's largest), then the block's f32 scale as 4 bytes (block-scaled
+    8-bit state, as bitsandbytes' and torchao's 8-bit optimizers keep, with
+    companded E4M3 codes in place of their quantization maps). The square
+    root halves the decades a block's second moments span; a nonzero r
+    below E4M3's smallest code (2^-9) is stored as that code, not zero: a
+    second moment flushed to zero under a nonzero first moment makes Adam's
+    step lr * m / eps (it diverged the peers' MLP within 30 steps), rounded
+    up it only makes that step smaller. It is decoded to
     f32 where it is read and its new value encoded before the return, in
     the same fused elementwise region as the update. About 1.016 bytes per
     element; the front end encodes the optimizer's first state the same

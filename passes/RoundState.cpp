@@ -81,10 +81,14 @@ Value decodeBlocks(OpBuilder &builder, Location loc, Value stored,
       {blocks, Blocks::kBlock + Blocks::kScaleBytes}, {1, 1});
   Value scale = shlo::buildBitcastConvert(builder, loc, scaleBytes,
                                           RankedTensorType::get({blocks}, f32));
-  Value values = shlo::buildElementwise(
+  Value roots = shlo::buildElementwise(
       builder, loc, "multiply",
       {shlo::buildConvert(builder, loc, codes, f32),
        shlo::buildBroadcastInDim(builder, loc, scale, codesType, {0})});
+  // The codes hold sign(x) * sqrt(|x|): x is root * |root|.
+  Value values = shlo::buildElementwise(
+      builder, loc, "multiply",
+      {roots, shlo::buildElementwise(builder, loc, "abs", {roots})});
   Value flat = shlo::buildReshape(builder, loc, values,
                                   {blocks * Blocks::kBlock});
   if (blocks * Blocks::kBlock != count)
@@ -110,9 +114,18 @@ Value encodeBlocks(OpBuilder &builder, Location loc, Value value) {
     return shlo::buildBroadcastScalar(
         builder, loc, shlo::buildScalar(builder, loc, f32, number), like);
   };
+  // Square-root companding: sign(x) * sqrt(|x|) spans half the decades x
+  // does, so more of a block's second moments (squares of gradients spread
+  // over many decades) keep their value.
+  Value roots = shlo::buildElementwise(
+      builder, loc, "multiply",
+      {shlo::buildElementwise(builder, loc, "sign", {value}),
+       shlo::buildElementwise(
+           builder, loc, "sqrt",
+           {shlo::buildElementwise(builder, loc, "abs", {value})})});
   Value flat = type.getRank() == 1
-                   ? value
-                   : shlo::buildReshape(builder, loc, value, {count});
+                   ? roots
+                   : shlo::buildReshape(builder, loc, roots, {count});
   if (blocks * Blocks::kBlock != count)
     flat = shlo::buildConcatenate(
         builder, loc,
@@ -136,8 +149,18 @@ Value encodeBlocks(OpBuilder &builder, Location loc, Value value) {
       builder, loc, "divide",
       {grouped, shlo::buildBroadcastInDim(builder, loc, divisor, blocksType,
                                           {0})});
+  // A nonzero value keeps at least the smallest code: a second moment
+  // flushed to zero under a nonzero first moment would make Adam's step
+  // explode; rounded up, it only makes that step smaller.
+  Value lifted = shlo::buildElementwise(
+      builder, loc, "multiply",
+      {shlo::buildElementwise(builder, loc, "sign", {scaled}),
+       shlo::buildElementwise(
+           builder, loc, "maximum",
+           {shlo::buildElementwise(builder, loc, "abs", {scaled}),
+            constant(Blocks::kSmallest, blocksType)})});
   Value clamped = shlo::buildClamp(builder, loc,
-                                   constant(-Blocks::kMax, blocksType), scaled,
+                                   constant(-Blocks::kMax, blocksType), lifted,
                                    constant(Blocks::kMax, blocksType));
   auto f8 = Float8E4M3FNType::get(builder.getContext());
   Value codes = shlo::buildConvert(builder, loc, clamped, f8);

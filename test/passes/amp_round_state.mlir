@@ -10,8 +10,8 @@
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{optimizer-state=bf16 rounding=kahan})' | FileCheck %s --check-prefix=OPT-KAHAN
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{optimizer-state=bf16})' | FileCheck %s --check-prefix=OPT
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{optimizer-state=bf16 rounding=stochastic})' | FileCheck %s --check-prefix=OPT-SR
-// RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{optimizer-state=f8})' 2>&1 | FileCheck %s --check-prefix=BAD-OPT
-// BAD-OPT: error: invalid option 'optimizer-state': unknown optimizer-state dtype 'f8' (accepted: f32, bf16)
+// RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-round-state{optimizer-state=f16})' 2>&1 | FileCheck %s --check-prefix=BAD-OPT
+// BAD-OPT: error: invalid option 'optimizer-state': unknown optimizer-state dtype 'f16' (accepted: f32, bf16, f8)
 
 // Two bf16 states share one chain of random bits; the f32 state is left
 // alone; the key's next value is a state of the key argument, so

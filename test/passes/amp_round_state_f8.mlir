@@ -1,8 +1,9 @@
 // amp-round-state{optimizer-state=f8} alone: each f32 argument marked
 // amp.optimizer_state of N elements becomes ui8[ceil(N/256), 260]: per block
-// of 256 elements, their FP8 E4M3 codes (scaled so the block's largest
-// magnitude is 448) and the block's f32 scale as 4 bytes. It is decoded to
-// f32 where it is read and its new value encoded before the return.
+// of 256 elements, the FP8 E4M3 codes of r = sign(x) * sqrt(|x|) (scaled so
+// the block's largest |r| is 448; a nonzero r at least E4M3's smallest
+// code, 2^-9) and the block's f32 scale as 4 bytes. It is decoded to f32
+// where it is read and its new value encoded before the return.
 //
 // RUN: amp-opt %s --pass-pipeline='builtin.module(amp-round-state{optimizer-state=f8})' | FileCheck %s
 // RUN: not amp-opt %s --pass-pipeline='builtin.module(amp-round-state{optimizer-state=f4})' 2>&1 | FileCheck %s --check-prefix=BAD
@@ -21,15 +22,22 @@
 // CHECK: %[[SCALE:.*]] = stablehlo.bitcast_convert %[[SCALEB]] : (tensor<3x4xui8>) -> tensor<3xf32>
 // CHECK: %[[WIDE:.*]] = stablehlo.convert %[[CODES]] : (tensor<3x256xf8E4M3FN>) -> tensor<3x256xf32>
 // CHECK: %[[SCALES:.*]] = stablehlo.broadcast_in_dim %[[SCALE]], dims = [0] : (tensor<3xf32>) -> tensor<3x256xf32>
-// CHECK: %[[VALUES:.*]] = stablehlo.multiply %[[WIDE]], %[[SCALES]] : tensor<3x256xf32>
+// CHECK: %[[ROOTS:.*]] = stablehlo.multiply %[[WIDE]], %[[SCALES]] : tensor<3x256xf32>
+// CHECK: %[[MAGNITUDES:.*]] = stablehlo.abs %[[ROOTS]] : tensor<3x256xf32>
+// CHECK: %[[VALUES:.*]] = stablehlo.multiply %[[ROOTS]], %[[MAGNITUDES]] : tensor<3x256xf32>
 // CHECK: %[[FLAT:.*]] = stablehlo.reshape %[[VALUES]] : (tensor<3x256xf32>) -> tensor<768xf32>
 // CHECK: %[[CUT:.*]] = stablehlo.slice %[[FLAT]] [0:600] : (tensor<768xf32>) -> tensor<600xf32>
 // CHECK: %[[READ:.*]] = stablehlo.reshape %[[CUT]] : (tensor<600xf32>) -> tensor<2x300xf32>
 // CHECK: %[[NEW:.*]] = stablehlo.multiply %[[READ]], %[[G]] : tensor<2x300xf32>
-// Encoding: zero-padded blocks, largest magnitude per block, scale =
-// largest / 448 (1 for an all-zero block, so nothing divides by zero),
-// codes clamped to E4M3's range, then the scale's bytes after the codes.
-// CHECK: %[[NFLAT:.*]] = stablehlo.reshape %[[NEW]] : (tensor<2x300xf32>) -> tensor<600xf32>
+// Encoding: companded, zero-padded blocks, largest magnitude per block,
+// scale = largest / 448 (1 for an all-zero block, so nothing divides by
+// zero), magnitudes lifted to 2^-9 and clamped to E4M3's range, then the
+// scale's bytes after the codes.
+// CHECK: %[[SIGN:.*]] = stablehlo.sign %[[NEW]] : tensor<2x300xf32>
+// CHECK: %[[NABS:.*]] = stablehlo.abs %[[NEW]] : tensor<2x300xf32>
+// CHECK: %[[ROOT:.*]] = stablehlo.sqrt %[[NABS]] : tensor<2x300xf32>
+// CHECK: %[[R:.*]] = stablehlo.multiply %[[SIGN]], %[[ROOT]] : tensor<2x300xf32>
+// CHECK: %[[NFLAT:.*]] = stablehlo.reshape %[[R]] : (tensor<2x300xf32>) -> tensor<600xf32>
 // CHECK: %[[PAD:.*]] = stablehlo.concatenate %[[NFLAT]], %{{.*}}, dim = 0 : (tensor<600xf32>, tensor<168xf32>) -> tensor<768xf32>
 // CHECK: %[[BLOCKS:.*]] = stablehlo.reshape %[[PAD]] : (tensor<768xf32>) -> tensor<3x256xf32>
 // CHECK: %[[ABS:.*]] = stablehlo.abs %[[BLOCKS]]
@@ -39,7 +47,13 @@
 // CHECK: %[[DIVISOR:.*]] = stablehlo.select %[[POSITIVE]], %[[NEWSCALE]], %{{.*}} : tensor<3xi1>, tensor<3xf32>
 // CHECK: %[[DIVISORS:.*]] = stablehlo.broadcast_in_dim %[[DIVISOR]], dims = [0]
 // CHECK: %[[SCALED:.*]] = stablehlo.divide %[[BLOCKS]], %[[DIVISORS]] : tensor<3x256xf32>
-// CHECK: %[[CLAMPED:.*]] = stablehlo.clamp %{{.*}}, %[[SCALED]], %{{.*}} : tensor<3x256xf32>
+// CHECK: %[[SSIGN:.*]] = stablehlo.sign %[[SCALED]]
+// CHECK: %[[SABS:.*]] = stablehlo.abs %[[SCALED]]
+// CHECK: %[[SMALLEST:.*]] = stablehlo.constant dense<0.001953125> : tensor<f32>
+// CHECK: %[[SMALLESTS:.*]] = stablehlo.broadcast_in_dim %[[SMALLEST]]
+// CHECK: %[[LIFTED:.*]] = stablehlo.maximum %[[SABS]], %[[SMALLESTS]]
+// CHECK: %[[SIGNED:.*]] = stablehlo.multiply %[[SSIGN]], %[[LIFTED]]
+// CHECK: %[[CLAMPED:.*]] = stablehlo.clamp %{{.*}}, %[[SIGNED]], %{{.*}} : tensor<3x256xf32>
 // CHECK: %[[NEWCODES:.*]] = stablehlo.convert %[[CLAMPED]] : (tensor<3x256xf32>) -> tensor<3x256xf8E4M3FN>
 // CHECK: %[[NEWCODEB:.*]] = stablehlo.bitcast_convert %[[NEWCODES]] : (tensor<3x256xf8E4M3FN>) -> tensor<3x256xui8>
 // CHECK: %[[NEWSCALEB:.*]] = stablehlo.bitcast_convert %[[NEWSCALE]] : (tensor<3xf32>) -> tensor<3x4xui8>

@@ -384,21 +384,23 @@ def test_a_checkpoint_of_low_moments_resumes_identically(dtype):
 
 
 def _decode_f8(stored: np.ndarray, shape) -> np.ndarray:
-  """The f32 values of state in the f8 layout: per row, 256 E4M3 codes,
-  then the f32 scale's 4 bytes."""
+  """The f32 values of state in the f8 layout: per row, 256 E4M3 codes of
+  sign(x) * sqrt(|x|), then the f32 scale's 4 bytes."""
   stored = np.asarray(stored)
   codes = stored[:, :256].copy().view(ml_dtypes.float8_e4m3fn)
   scales = stored[:, 256:].copy().view(np.float32)
-  values = codes.astype(np.float32) * scales
+  roots = codes.astype(np.float32) * scales
+  values = roots * np.abs(roots)
   return values.reshape(-1)[:int(np.prod(shape))].reshape(shape)
 
 
 def test_f8_state_is_block_scaled_e4m3_bit_for_bit():
   """SGD with momentum from zero: after one step the trace is the gradient
   (here the batch, 600 values spanning 1e-4 to 1e2 in magnitude, so the
-  last of 3 blocks is padded). Per block of 256 the stored scale is the
-  largest magnitude / 448 (to 1 ulp: XLA may multiply by 1/448) and the
-  codes are exactly NumPy's values / scale rounded to nearest E4M3."""
+  last of 3 blocks is padded). The values are companded to
+  r = sign(x) * sqrt(|x|); per block of 256 the stored scale is the largest
+  |r| / 448 (to 1 ulp: XLA may multiply by 1/448) and the codes are
+  exactly NumPy's r / scale rounded to nearest E4M3."""
   rng = np.random.default_rng(3)
   grad = (rng.choice([-1, 1], 600) *
           10.0 ** rng.uniform(-4, 2, 600)).astype(np.float32)
@@ -410,7 +412,7 @@ def test_f8_state_is_block_scaled_e4m3_bit_for_bit():
   np.testing.assert_array_equal(np.asarray(trace), 0)
   state, _ = step(state, jnp.asarray(grad.reshape(2, 300)))
   padded = np.zeros(768, np.float32)
-  padded[:600] = grad
+  padded[:600] = np.sign(grad) * np.sqrt(np.abs(grad))
   blocks = padded.reshape(3, 256)
   stored = np.asarray(state.opt_state[0].trace)
   scale = stored[:, 256:].copy().view(np.float32).reshape(3)
@@ -418,11 +420,15 @@ def test_f8_state_is_block_scaled_e4m3_bit_for_bit():
       scale, np.abs(blocks).max(axis=1) / np.float32(448), rtol=2.0 ** -23)
   codes = (blocks / scale[:, None]).astype(ml_dtypes.float8_e4m3fn)
   np.testing.assert_array_equal(stored[:, :256], codes.view(np.uint8))
-  # Decoded: within E4M3's half ulp (2^-4 of the value) where the value is
-  # within 2^6 of its block's largest, and never above the largest.
+  # Decoded: within twice E4M3's half ulp (2^-3 of the value: squared)
+  # where the root is a normal E4M3 number after scaling (at least 2^-6 of
+  # 448), and no value of the six decades flushed to zero.
   decoded = _decode_f8(state.opt_state[0].trace, (600,))
-  large = np.abs(grad) >= np.repeat(np.abs(blocks).max(axis=1), 256)[:600] / 64
-  np.testing.assert_allclose(decoded[large], grad[large], rtol=2.0 ** -4)
+  roots = np.abs(padded[:600])
+  normal = roots >= np.repeat(np.abs(blocks).max(axis=1), 256)[:600] * (
+      2.0 ** -6 / 448)
+  np.testing.assert_allclose(decoded[normal], grad[normal], rtol=2.0 ** -3)
+  assert np.all(decoded != 0)
 
 
 def test_f8_moments_train_like_f32_moments():
@@ -468,3 +474,29 @@ def test_f8_initial_state_is_encoded_as_the_pass_encodes():
     state, metrics = step(state, batch)
   assert np.isfinite(float(metrics["loss"]))
 
+
+
+def test_f8_second_moments_are_never_flushed_to_zero():
+  """One block whose gradients span 12 decades, then a step where they are
+  all zero (a dead ReLU unit's are): Adam's second step is
+  lr * m / (sqrt(v) + eps) from the stored moments alone. A second moment
+  flushed to zero under a nonzero first moment would make it
+  lr * m / eps; f8 moments keep every nonzero value at least E4M3's
+  smallest code (rounded up: a smaller step), so every step stays within
+  lr, and the large gradients' steps are f32's."""
+  rng = np.random.default_rng(5)
+  grad = (rng.choice([-1, 1], 256) *
+          10.0 ** np.linspace(-10, 2, 256)).astype(np.float32)
+  moved = {}
+  for dtype in ("f32", "f8"):
+    step = amp.train_step(_linear, optax.adam(1e-2), "p=f32,c=bf16,o=f32",
+                          opt_state_dtype=dtype)
+    state, _ = step(step.init(jnp.zeros(256)), jnp.asarray(grad))
+    before = np.asarray(state.params)
+    state, _ = step(state, jnp.zeros(256))
+    moved[dtype] = np.asarray(state.params) - before
+  assert np.all(np.isfinite(moved["f8"]))
+  assert np.max(np.abs(moved["f8"])) <= 1.01e-2
+  large = np.abs(grad) >= 1e-3
+  np.testing.assert_allclose(moved["f8"][large], moved["f32"][large],
+                             rtol=0.2)

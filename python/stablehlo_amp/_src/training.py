@@ -72,13 +72,17 @@ def _encode_f8(x: Any) -> jax.Array:
   two to the same bytes): the first state, which the optimizer makes."""
   layout = contract.document()["optimizer_state_f8"]
   blocks, _ = _f8_blocks(jnp.shape(x))
-  flat = jnp.ravel(jnp.asarray(x, jnp.float32))
+  x = jnp.asarray(x, jnp.float32)
+  flat = jnp.ravel(jnp.sign(x) * jnp.sqrt(jnp.abs(x)))  # companded
   flat = jnp.pad(flat, (0, blocks * layout["block"] - flat.size))
   grouped = flat.reshape(blocks, layout["block"])
   largest = jnp.max(jnp.abs(grouped), axis=1)
   scale = largest / jnp.float32(layout["max"])
   divisor = jnp.where(largest > 0, scale, jnp.float32(1))
-  codes = jnp.clip(grouped / divisor[:, None], -layout["max"],
+  scaled = grouped / divisor[:, None]
+  lifted = jnp.sign(scaled) * jnp.maximum(jnp.abs(scaled),
+                                          jnp.float32(layout["smallest"]))
+  codes = jnp.clip(lifted, -layout["max"],
                    layout["max"]).astype(jnp.float8_e4m3fn)
   return jnp.concatenate(
       [jax.lax.bitcast_convert_type(codes, jnp.uint8),
