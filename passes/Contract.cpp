@@ -587,6 +587,8 @@ llvm::json::Object passesJson() {
       {"rounding", option(roundState.rounding, updateRoundingNames())},
       {"optimizer-state",
        option(roundState.optimizerState, optimizerStateDtypeNames())},
+      {"state-results", option(llvm::json::Array())},
+      {"optimizer-state-args", option(llvm::json::Array())},
   };
   llvm::json::Object lossScale{
       {"mode", option(scale.mode, lossScaleModeNames())},
