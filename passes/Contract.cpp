@@ -301,6 +301,17 @@ llvm::Expected<size_t> closedChoice(llvm::StringRef text,
                                  "' (accepted: " + llvm::join(names, ", ") +
                                  ")");
 }
+
+/// The enumerator at `text`'s position among `names`.
+template <typename Enum>
+llvm::Expected<Enum> closedEnum(llvm::StringRef text,
+                                llvm::ArrayRef<llvm::StringRef> names,
+                                llvm::StringRef what) {
+  llvm::Expected<size_t> index = closedChoice(text, names, what);
+  if (!index)
+    return index.takeError();
+  return static_cast<Enum>(*index);
+}
 } // namespace
 
 llvm::ArrayRef<llvm::StringRef> mlir::amp::updateRoundingNames() {
@@ -309,11 +320,8 @@ llvm::ArrayRef<llvm::StringRef> mlir::amp::updateRoundingNames() {
 
 llvm::Expected<UpdateRounding>
 mlir::amp::parseUpdateRounding(llvm::StringRef text) {
-  llvm::Expected<size_t> index =
-      closedChoice(text, kUpdateRoundingNames, "update rounding");
-  if (!index)
-    return index.takeError();
-  return static_cast<UpdateRounding>(*index);
+  return closedEnum<UpdateRounding>(text, kUpdateRoundingNames,
+                                    "update rounding");
 }
 
 llvm::Expected<llvm::SmallVector<std::pair<unsigned, unsigned>>>
@@ -337,11 +345,8 @@ llvm::ArrayRef<llvm::StringRef> mlir::amp::optimizerStateDtypeNames() {
 
 llvm::Expected<OptimizerStateDtype>
 mlir::amp::parseOptimizerStateDtype(llvm::StringRef text) {
-  llvm::Expected<size_t> index =
-      closedChoice(text, kOptimizerStateDtypeNames, "optimizer-state dtype");
-  if (!index)
-    return index.takeError();
-  return static_cast<OptimizerStateDtype>(*index);
+  return closedEnum<OptimizerStateDtype>(text, kOptimizerStateDtypeNames,
+                                         "optimizer-state dtype");
 }
 
 //===----------------------------------------------------------------------===//

@@ -12,6 +12,7 @@
 #include "Contract.h"
 #include "Passes.h"
 #include "StableHLO.h"
+#include "TrainingStep.h"
 
 #include "mlir/Analysis/TopologicalSortUtils.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -169,27 +170,9 @@ LogicalResult LossScalePass::validate(const TrainingStep &step) {
       return call->emitError() << "gradients must be marked in the body of "
                                   "'main', not inside a region or another "
                                   "function";
-  for (auto [result, arg] : step.states) {
-    if (result >= main.getNumResults() || arg >= main.getNumArguments())
-      return main.emitError() << "state result #" << result
-                              << " of argument #" << arg
-                              << " does not exist";
-    // A parameter passed in bf16 may come back in f32 (p= and o= differ):
-    // the old value is converted for the select, which is exact.
-    auto resultType = dyn_cast<ShapedType>(main.getResultTypes()[result]);
-    auto argType = dyn_cast<ShapedType>(main.getArgumentTypes()[arg]);
-    bool convertible = resultType && argType && resultType.hasRank() &&
-                       argType.hasRank() &&
-                       resultType.getShape() == argType.getShape() &&
-                       isa<FloatType>(resultType.getElementType()) &&
-                       isa<FloatType>(argType.getElementType());
-    if (resultType != argType && !convertible)
-      return main.emitError()
-             << "state result #" << result << " ("
-             << main.getResultTypes()[result]
-             << ") does not have the type of argument #" << arg << " ("
-             << main.getArgumentTypes()[arg] << ")";
-  }
+  for (auto [result, arg] : step.states)
+    if (failed(verifyStateResult(main, result, arg)))
+      return failure();
   return success();
 }
 

@@ -15,6 +15,7 @@
 #include "Contract.h"
 #include "Passes.h"
 #include "StableHLO.h"
+#include "TrainingStep.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -61,6 +62,16 @@ SmallVector<RoundedState> roundingConverts(func::FuncOp main) {
   return converts;
 }
 
+/// The type optimizer-state=f8 stores a tensor of `type` as.
+RankedTensorType blocksType(OpBuilder &builder, RankedTensorType type) {
+  using Blocks = OptimizerStateBlocks;
+  int64_t blocks =
+      (type.getNumElements() + Blocks::kBlock - 1) / Blocks::kBlock;
+  return RankedTensorType::get(
+      {blocks, Blocks::kBlock + Blocks::kScaleBytes},
+      builder.getIntegerType(8, /*isSigned=*/false));
+}
+
 /// The f32 value of `stored`, optimizer state in the f8 layout
 /// (OptimizerStateBlocks) of a tensor of `type`.
 Value decodeBlocks(OpBuilder &builder, Location loc, Value stored,
@@ -105,7 +116,7 @@ Value encodeBlocks(OpBuilder &builder, Location loc, Value value) {
   using Blocks = OptimizerStateBlocks;
   auto type = cast<RankedTensorType>(value.getType());
   int64_t count = type.getNumElements();
-  int64_t blocks = (count + Blocks::kBlock - 1) / Blocks::kBlock;
+  int64_t blocks = blocksType(builder, type).getDimSize(0);
   Type f32 = builder.getF32Type();
   Type u8 = builder.getIntegerType(8, /*isSigned=*/false);
   auto blocksType = RankedTensorType::get({blocks, Blocks::kBlock}, f32);
@@ -171,16 +182,6 @@ Value encodeBlocks(OpBuilder &builder, Location loc, Value value) {
       builder, loc, scale,
       RankedTensorType::get({blocks, Blocks::kScaleBytes}, u8));
   return shlo::buildConcatenate(builder, loc, {codeBytes, scaleBytes}, 1);
-}
-
-/// The type optimizer-state=f8 stores a tensor of `type` as.
-RankedTensorType blocksType(OpBuilder &builder, RankedTensorType type) {
-  using Blocks = OptimizerStateBlocks;
-  int64_t blocks =
-      (type.getNumElements() + Blocks::kBlock - 1) / Blocks::kBlock;
-  return RankedTensorType::get(
-      {blocks, Blocks::kBlock + Blocks::kScaleBytes},
-      builder.getIntegerType(8, /*isSigned=*/false));
 }
 
 /// Stores the f32 arguments of `main` marked amp.optimizer_state in
@@ -340,18 +341,8 @@ private:
     OpBuilder builder(main.getContext());
     unsigned arguments = main.getNumArguments();
     for (auto [result, argument] : *pairs) {
-      if (result >= main.getNumResults() || argument >= arguments)
-        return main.emitError()
-               << "invalid option 'state-results': " << result << ":"
-               << argument << " names result " << result << " of "
-               << main.getNumResults() << " and argument " << argument
-               << " of " << arguments;
-      if (main.getResultTypes()[result] != main.getArgumentTypes()[argument])
-        return main.emitError()
-               << "invalid option 'state-results': result " << result << " ("
-               << main.getResultTypes()[result] << ") cannot be the new value "
-               << "of argument " << argument << " ("
-               << main.getArgumentTypes()[argument] << ")";
+      if (failed(verifyStateResult(main, result, argument)))
+        return failure();
       main.setResultAttr(result, attr::kStateOf,
                          builder.getI64IntegerAttr(argument));
     }

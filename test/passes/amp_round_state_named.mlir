@@ -16,8 +16,8 @@
 // NAMED-SAME: -> (tensor<4xbf16> {amp.state_of = 0 : i64}, tensor<4xbf16> {amp.state_of = 1 : i64}, tensor<f32>, tensor<4xbf16> {amp.compensation = 0 : i64, amp.state_of = 3 : i64})
 // NAMED: stablehlo.reduce_precision
 // NAMED: return
-// NAMED-BAD-RANGE: error: invalid option 'state-results': 5:0 names result 5 of 3 and argument 0 of 3
-// NAMED-BAD-TYPE: error: invalid option 'state-results': result 2 ('tensor<f32>') cannot be the new value of argument 0 ('tensor<4xbf16>')
+// NAMED-BAD-RANGE: error: state result #5 of argument #0 does not exist
+// NAMED-BAD-TYPE: error: state result #2 ('tensor<f32>') does not have the type of argument #0 ('tensor<4xbf16>')
 // NAMED-BAD-ARG: error: invalid option 'optimizer-state-args': argument 7 of 3
 // NAMED-BAD-PAIR: error: invalid option 'state-results': '0-0' is not RESULT:ARG
 func.func public @main(%w: tensor<4xbf16>, %m: tensor<4xf32>, %g: tensor<4xf32>) -> (tensor<4xbf16>, tensor<4xf32>, tensor<f32>) {

@@ -289,6 +289,17 @@ def test_persistent_state_bytes_per_parameter(policy, options, expected):
       expected, abs=0.01)
 
 
+def _trained(step, params, batch, steps=6):
+  """The state after `steps` steps from `params`, checking the loss fell."""
+  state = step.init(params)
+  first = None
+  for _ in range(steps):
+    state, metrics = step(state, batch)
+    first = float(metrics["loss"]) if first is None else first
+  assert float(metrics["loss"]) < first
+  return state
+
+
 @pytest.mark.parametrize("make", [
     lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-3)),
     lambda: optax.MultiSteps(optax.adam(1e-3), every_k_schedule=2),
@@ -303,12 +314,7 @@ def test_persistent_state_bytes_per_parameter(policy, options, expected):
 def test_any_optax_state_is_stored_low_and_trains(make, dtype):
   params, batch = _mlp()
   step = amp.train_step(_mlp_loss, make(), BF16, opt_state_dtype=dtype)
-  state = step.init(params)
-  first = None
-  for _ in range(6):
-    state, metrics = step(state, batch)
-    first = float(metrics["loss"]) if first is None else first
-  assert float(metrics["loss"]) < first
+  state = _trained(step, params, batch)
   # Float tensors are stored low; scalars (hyperparameters: Adam's
   # b2 = 0.999 would be 1.0) and integer counters keep their dtype.
   low = jnp.dtype(jnp.bfloat16 if dtype == "bf16" else jnp.uint8)
@@ -328,12 +334,7 @@ def test_leaves_the_user_keeps_f32_stay_f32():
   step = amp.train_step(_mlp_loss, optax.adam(1e-3), BF16,
                         update_rounding="stochastic", opt_state_dtype="bf16",
                         keep_f32_state=keep_nu)
-  state = step.init(params)
-  first = None
-  for _ in range(6):
-    state, metrics = step(state, batch)
-    first = float(metrics["loss"]) if first is None else first
-  assert float(metrics["loss"]) < first
+  state = _trained(step, params, batch)
   adam = state.opt_state[0]
   assert adam.mu["w1"].dtype == jnp.bfloat16
   assert adam.nu["w1"].dtype == adam.nu["w2"].dtype == jnp.float32

@@ -265,16 +265,15 @@ class _LossScaledProgram:
         raise TypeError(f"{type(self).__name__} does not take {name}=: "
                         f"{elsewhere[name]}")
     pl.check_option_names(options, self._stateful)
-    self._options = pl.RewriteOptions.make(**options)
-    if (self._stateful and jnp.dtype(self.policy.param_dtype) ==
-        jnp.dtype(jnp.bfloat16)):
-      # Options whose default differs where the state keeps bf16
-      # parameters (update_rounding: stochastic), from the contract.
-      defaults = {name: spec["bf16_params_default"]
-                  for name, spec in contract.options().items()
-                  if "bf16_params_default" in spec and name not in options}
-      if defaults:
-        self._options = pl.RewriteOptions.make(**options, **defaults)
+    # Options whose default differs where the state keeps bf16 parameters
+    # (update_rounding: stochastic), from the contract.
+    bf16_params = (self._stateful and jnp.dtype(self.policy.param_dtype) ==
+                   jnp.dtype(jnp.bfloat16))
+    defaults = {name: spec["bf16_params_default"]
+                for name, spec in contract.options().items()
+                if bf16_params and "bf16_params_default" in spec and
+                name not in options}
+    self._options = pl.RewriteOptions.make(**options, **defaults)
     self._programs: dict = {}  # by input signature, for `lower`
     self.rewrite_count = 0
 

@@ -1,0 +1,27 @@
+//===- TrainingStep.h - The state a training step carries -------*- C++ -*-===//
+//
+// A training step returns the new value of some of its arguments (its
+// parameters and optimizer state): result R is argument N's new value when
+// it is marked `amp.state_of = N`, or when a pass's `state-results=R:N`
+// option says so. amp-round-state and amp-loss-scale check such pairs the
+// same way.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef STABLEHLO_AMP_TRAININGSTEP_H
+#define STABLEHLO_AMP_TRAININGSTEP_H
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
+namespace mlir::amp {
+
+/// Whether result `result` of `main` can be the new value of argument `arg`:
+/// both exist, and they have the same type, or the same shape with float
+/// elements (a parameter passed in bf16 may come back in f32). Emits the
+/// error on `main` otherwise.
+LogicalResult verifyStateResult(func::FuncOp main, unsigned result,
+                                unsigned arg);
+
+} // namespace mlir::amp
+
+#endif // STABLEHLO_AMP_TRAININGSTEP_H
