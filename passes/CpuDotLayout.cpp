@@ -5,6 +5,7 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/APFloat.h"
 
 using namespace mlir;
 using namespace mlir::amp;
@@ -55,6 +56,26 @@ Value canonicalOperand(OpBuilder &builder, Location loc, Value operand,
   return operand;
 }
 
+/// `value`, or what it is a round trip of: convert(convert(x)) with x of
+/// `value`'s type widened exactly in between (a bf16 argument read in f32
+/// and lowered again), which amp-simplify-converts folds to x.
+Value throughWidening(Value value) {
+  Operation *narrow = value.getDefiningOp();
+  if (!narrow || !shlo::isConvert(narrow))
+    return value;
+  Operation *widen = narrow->getOperand(0).getDefiningOp();
+  if (!widen || !shlo::isConvert(widen) ||
+      widen->getOperand(0).getType() != value.getType())
+    return value;
+  FloatType from = shlo::getFloatElementType(value.getType());
+  FloatType wide = shlo::getFloatElementType(widen->getResult(0).getType());
+  if (!from || !wide ||
+      !llvm::APFloatBase::isRepresentableBy(from.getFloatSemantics(),
+                                            wide.getFloatSemantics()))
+    return value;
+  return widen->getOperand(0);
+}
+
 } // namespace
 
 Operation *mlir::amp::canonicalizeDotForCpu(Operation *dot) {
@@ -72,18 +93,39 @@ Operation *mlir::amp::canonicalizeDotForCpu(Operation *dot) {
 
   OpBuilder builder(dot);
   Location loc = dot->getLoc();
-  Operation *barrier = shlo::buildOptimizationBarrier(
-      builder, loc,
-      ValueRange{canonicalOperand(builder, loc, dot->getOperand(0), lhs),
-                 canonicalOperand(builder, loc, dot->getOperand(1), rhs)});
+  Value lhsValue = canonicalOperand(builder, loc, dot->getOperand(0), lhs);
+  Value rhsValue = canonicalOperand(builder, loc, dot->getOperand(1), rhs);
+  // An argument of the function already in canonical order (a bf16
+  // weight, p=bf16) stays out of the barrier, held by the other operand:
+  // through the barrier, XLA:CPU copies the argument into a buffer of its
+  // own, computed early and kept until the backward pass reads it.
+  auto argumentAsIs = [&](Value operand, Value canonical) {
+    Operation *reshape = canonical.getDefiningOp();
+    return reshape && shlo::is(reshape, "reshape") &&
+           reshape->getOperand(0) == operand &&
+           isa<BlockArgument>(throughWidening(operand));
+  };
+  bool holdLhs = !argumentAsIs(dot->getOperand(0), lhsValue);
+  bool holdRhs = !argumentAsIs(dot->getOperand(1), rhsValue);
+  if (!holdLhs && !holdRhs)
+    holdLhs = holdRhs = true;
+  llvm::SmallVector<Value> held;
+  if (holdLhs)
+    held.push_back(lhsValue);
+  if (holdRhs)
+    held.push_back(rhsValue);
+  Operation *barrier = shlo::buildOptimizationBarrier(builder, loc, held);
+  if (holdLhs)
+    lhsValue = barrier->getResult(0);
+  if (holdRhs)
+    rhsValue = barrier->getResult(holdLhs ? 1 : 0);
   shlo::DotDimensions canonicalDims;
   canonicalDims.lhsBatch = canonicalDims.rhsBatch = {0};
   canonicalDims.lhsContracting = canonicalDims.rhsContracting = {2};
   Type canonicalResult = RankedTensorType::get(
       {lhs.batch, lhs.free, rhs.free}, resultType.getElementType());
-  Value result = shlo::buildDotGeneral(builder, dot, barrier->getResult(0),
-                                       barrier->getResult(1), canonicalDims,
-                                       canonicalResult);
+  Value result = shlo::buildDotGeneral(builder, dot, lhsValue, rhsValue,
+                                       canonicalDims, canonicalResult);
   Operation *newDot = result.getDefiningOp();
   if (canonicalResult != resultType)
     result = shlo::buildReshape(builder, loc, result, resultType.getShape());

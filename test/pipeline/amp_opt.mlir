@@ -807,3 +807,31 @@ func.func public @explicit_round_trip(%arg0: tensor<4xbf16>) -> tensor<4xbf16> {
   %2 = stablehlo.add %1, %1 : tensor<4xbf16>
   return %2 : tensor<4xbf16>
 }
+
+// -----
+
+// On cpu, a bf16 argument already in canonical order (a bf16 weight read by
+// the backward pass, [N, K]) stays out of the barrier, which holds the other
+// operand: through the barrier XLA:CPU would copy the argument into a buffer
+// of its own, computed early and kept until the dot reads it.
+// CPU-LABEL: func.func public @bf16_weight(
+// CPU-SAME: %[[X:[^:]*]]: tensor<4x16xf32>, %[[W:[^:]*]]: tensor<8x16xbf16>,
+// CPU: %[[T:.*]] = stablehlo.convert %{{.*}} : (tensor<4x16xf32>) -> tensor<4x16xbf16>
+// CPU-NEXT: %[[TR:.*]] = stablehlo.reshape %[[T]] : (tensor<4x16xbf16>) -> tensor<1x4x16xbf16>
+// CPU-NEXT: %[[WR:.*]] = stablehlo.reshape %[[W]] : (tensor<8x16xbf16>) -> tensor<1x8x16xbf16>
+// CPU-NEXT: %[[HELD:.*]] = stablehlo.optimization_barrier %[[TR]] : tensor<1x4x16xbf16>
+// CPU-NEXT: stablehlo.dot_general %[[HELD]], %[[WR]], batching_dims = [0] x [0], contracting_dims = [2] x [2]{{.*}} -> tensor<1x4x8xf32>
+// Both operands arguments: both held, as before.
+// CPU: %[[AR:.*]] = stablehlo.reshape %{{.*}} : (tensor<4x8xbf16>) -> tensor<1x4x8xbf16>
+// CPU-NEXT: %[[BR:.*]] = stablehlo.reshape %{{.*}} : (tensor<16x8xbf16>) -> tensor<1x16x8xbf16>
+// CPU-NEXT: %[[BOTH:.*]]:2 = stablehlo.optimization_barrier %[[AR]], %[[BR]] : tensor<1x4x8xbf16>, tensor<1x16x8xbf16>
+// CPU-NEXT: stablehlo.dot_general %[[BOTH]]#0, %[[BOTH]]#1, batching_dims = [0] x [0], contracting_dims = [2] x [2]{{.*}} -> tensor<1x4x16xf32>
+func.func public @bf16_weight(%x: tensor<4x16xf32>, %w: tensor<8x16xbf16>, %a: tensor<4x8xbf16>, %b: tensor<16x8xbf16>) -> (tensor<4x8xf32>, tensor<4x16xf32>) {
+  %t = stablehlo.tanh %x : tensor<4x16xf32>
+  %wf = stablehlo.convert %w : (tensor<8x16xbf16>) -> tensor<8x16xf32>
+  %0 = stablehlo.dot_general %t, %wf, contracting_dims = [1] x [1] : (tensor<4x16xf32>, tensor<8x16xf32>) -> tensor<4x8xf32>
+  %af = stablehlo.convert %a : (tensor<4x8xbf16>) -> tensor<4x8xf32>
+  %bf = stablehlo.convert %b : (tensor<16x8xbf16>) -> tensor<16x8xf32>
+  %1 = stablehlo.dot_general %af, %bf, contracting_dims = [1] x [1] : (tensor<4x8xf32>, tensor<16x8xf32>) -> tensor<4x16xf32>
+  return %0, %1 : tensor<4x8xf32>, tensor<4x16xf32>
+}
