@@ -380,18 +380,24 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     stalls where f32 master weights keep moving.
 
     With `rounding=stochastic` each such convert is replaced by unbiased
-    stochastic rounding: a random 16-bit word (`ui16`, half the temporary
-    memory of 32-bit words) is added to the f32 value's bit pattern and
-    the sum is truncated to bf16, which
-    rounds up with probability equal to the distance from the lower bf16
-    neighbour in units of its ulp. So the expected bf16 value is the f32
-    value. Non-finite values round to nearest. The random bits come from
+    stochastic rounding: a random 16-bit word is added to the f32 value's
+    bit pattern and the sum is truncated to bf16, which rounds up with
+    probability equal to the distance from the lower bf16 neighbour in
+    units of its ulp. So the expected bf16 value is the f32 value.
+    Non-finite values round to nearest. The randomness comes from
     `stablehlo.rng_bit_generator` (THREE_FRY), one call per rounded value,
-    chained: its state is a `ui32[4]` argument the pass appends (marked
-    `amp.rounding_key`), and the next state is a result it appends (marked
-    `amp.rounding_key` and `amp.state_of` its argument), so the step stays
-    a pure function of its state, and `amp-loss-scale` keeps the old state
-    on a skipped step: an overflowed step changes nothing.
+    chained, each drawing a `ui32[2]` key for its tensor: its state is a
+    `ui32[4]` argument the pass appends (marked `amp.rounding_key`), and
+    the next state is a result it appends (marked `amp.rounding_key` and
+    `amp.state_of` its argument), so the step stays a pure function of its
+    state, and `amp-loss-scale` keeps the old state on a skipped step: an
+    overflowed step changes nothing. Each element's word is the top half of
+    a hash of its index under the tensor's key (two rounds of the lowbias32
+    integer hash), elementwise on an iota: it fuses into the update and
+    shards like the parameter. Bits drawn from rng_bit_generator at the
+    parameter's shape would be a buffer as large as the parameter, which
+    XLA:CPU computes before the backward pass and keeps until the update
+    (6 MiB of the peers' LM's temporaries).
 
     With `rounding=kahan` each such convert rounds to nearest, and the
     rounding error is not lost but carried: the pass appends a bf16
@@ -415,7 +421,14 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     back in f32 where they are used, and their new values (the results
     marked `amp.state_of` them) are rounded to bf16 to nearest, whatever
     `rounding` says: 2 bytes per moment instead of 4, the update itself
-    still in f32. The marker is consumed. Moments are not rounded
+    still in f32. The marker is consumed. The moment's other readers (the
+    parameter's update) read the stored moment widened back, through its
+    bits (XLA folds a convert pair back into the f32 value): then the
+    stored moment is the one value the step computes from the old one.
+    Reading the f32 value, the update recomputes it from the old moment,
+    and XLA:CPU copies every old moment of a donated state to keep it for
+    that second reader. The update sees the moment rounded once more, a
+    relative change of at most 2^-9, the value the next step reads anyway. Moments are not rounded
     stochastically: a moment's rounding error decays by its β every step
     instead of accumulating the way a parameter's does, and the random
     words cost more memory than the moments save (the peers' MLP with Adam
@@ -434,8 +447,9 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     second moment flushed to zero under a nonzero first moment makes Adam's
     step lr * m / eps (it diverged the peers' MLP within 30 steps), rounded
     up it only makes that step smaller. It is decoded to
-    f32 where it is read and its new value encoded before the return, in
-    the same fused elementwise region as the update. About 1.016 bytes per
+    f32 where it is read and its new value encoded after it is computed;
+    as with bf16, the update reads the stored (encoded and decoded) moment,
+    so XLA keeps no copy of the old blocks. About 1.016 bytes per
     element; the front end encodes the optimizer's first state the same
     way.
 
@@ -470,9 +484,10 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
         -> (tensor<4xbf16> {amp.state_of = 0 : i64},
             tensor<4xui32> {amp.rounding_key, amp.state_of = 2 : i64}) {
       ...
-      %next, %bits = "stablehlo.rng_bit_generator"(%state)  // 4xui16
+      %next, %key4 = "stablehlo.rng_bit_generator"(%state)  // 2xui32
+      %index = stablehlo.iota dim = 0 : tensor<4xui32>
+      %noise = ...  // hash(hash(%index ^ key[0]) + key[1]) >> 16
       %x = stablehlo.bitcast_convert %1 : (tensor<4xf32>) -> tensor<4xui32>
-      %noise = stablehlo.convert %bits : (tensor<4xui16>) -> tensor<4xui32>
       %sum = stablehlo.add %x, %noise
       %cut = stablehlo.and %sum, %high16
       %y = stablehlo.bitcast_convert %cut : (tensor<4xui32>) -> tensor<4xf32>

@@ -184,6 +184,52 @@ Value encodeBlocks(OpBuilder &builder, Location loc, Value value) {
   return shlo::buildConcatenate(builder, loc, {codeBytes, scaleBytes}, 1);
 }
 
+/// `low` (bf16) widened to f32 through its bits: the high half of an f32
+/// is a bf16. Exact, like a convert, but XLA does not fold it into the
+/// convert that made `low` (a convert pair it folds: XLA:CPU computes bf16
+/// elementwise ops in f32 and drops the f32 -> bf16 -> f32 round trip), so
+/// readers of the widened value read the stored `low` itself.
+Value widenThroughBits(OpBuilder &builder, Location loc, Value low) {
+  auto type = cast<RankedTensorType>(low.getType());
+  Type u16 = builder.getIntegerType(16, /*isSigned=*/false);
+  Type u32 = builder.getIntegerType(32, /*isSigned=*/false);
+  auto wordsType = cast<RankedTensorType>(shlo::withElementType(type, u32));
+  Value halves = shlo::buildBitcastConvert(builder, loc, low,
+                                           shlo::withElementType(type, u16));
+  Value words = shlo::buildElementwise(
+      builder, loc, "shift_left",
+      {shlo::buildConvert(builder, loc, halves, u32),
+       shlo::buildBroadcastScalar(
+           builder, loc, shlo::buildScalar(builder, loc, u32, 16.0),
+           wordsType)});
+  return shlo::buildBitcastConvert(
+      builder, loc, words, shlo::withElementType(type, builder.getF32Type()));
+}
+
+/// The other readers of `next`, a moment's new f32 value (Adam's update
+/// reads it), read the stored moment `low` decoded back (`stored`) instead:
+/// then `low` (after amp-loss-scale, the selected state) is the one value
+/// the step computes from the old moment. Reading `next` itself, XLA:CPU
+/// recomputes it from the old moment in the update's fusion as well as in
+/// the fusion that writes the new moment into the donated buffer, and so
+/// copies every old moment first. The update then sees the moment as the
+/// next step reads it: rounded to bf16 (a relative change of at most 2^-9),
+/// or its 8-bit code. `encoding` is the first op that encodes `next`; the
+/// decoding ends at `stored`.
+void readStoredMoment(Value next, Value stored, Operation *encoding,
+                      Operation *terminator) {
+  // The ops from the encoding to the decoded value read `next` or are new.
+  llvm::SmallPtrSet<Operation *, 32> added;
+  for (Operation *op = encoding; op; op = op->getNextNode()) {
+    added.insert(op);
+    if (op == stored.getDefiningOp())
+      break;
+  }
+  next.replaceUsesWithIf(stored, [&](OpOperand &use) {
+    return !added.contains(use.getOwner()) && use.getOwner() != terminator;
+  });
+}
+
 /// Stores the f32 arguments of `main` marked amp.optimizer_state in
 /// `dtype` (bf16, or the f8 layout): each becomes an argument of that type
 /// decoded back to f32 where it is read, and its new value (the result
@@ -232,12 +278,22 @@ storeOptimizerStateLow(func::FuncOp main, OptimizerStateDtype dtype) {
       Value next = terminator->getOperand(r);
       if (next == wide) { // unchanged: return the argument itself
         terminator->setOperand(r, argument);
-      } else if (dtype == OptimizerStateDtype::F8) {
-        terminator->setOperand(r, encodeBlocks(builder, loc, next));
       } else {
-        Value low = shlo::buildConvert(builder, loc, next, bf16);
-        roundings.insert(low.getDefiningOp());
+        // Right after `next`, so the readers that follow can read the
+        // stored value instead (readStoredMoment).
+        builder.setInsertionPointAfterValue(next);
+        Value low, stored;
+        if (dtype == OptimizerStateDtype::F8) {
+          low = encodeBlocks(builder, loc, next);
+          stored = decodeBlocks(builder, loc, low, shaped);
+        } else {
+          low = shlo::buildConvert(builder, loc, next, bf16);
+          roundings.insert(low.getDefiningOp());
+          stored = widenThroughBits(builder, loc, low);
+        }
         terminator->setOperand(r, low);
+        if (Operation *def = next.getDefiningOp())
+          readStoredMoment(next, stored, def->getNextNode(), terminator);
       }
       results[r] = lowType;
     }
@@ -247,14 +303,69 @@ storeOptimizerStateLow(func::FuncOp main, OptimizerStateDtype dtype) {
   return roundings;
 }
 
-/// `value` (f32) rounded to bf16 with the random 16-bit words `bits` (ui16,
-/// same shape): each word is added to the value's bit pattern and the sum
-/// cut to its high 16 bits, so it rounds up with probability (the value's
-/// low 16 bits) / 2^16. Non-finite values, whose bit pattern must not
-/// carry, round to nearest. 16-bit words, not 32: the random buffer is the
-/// one temporary the rounding adds, half the size of an f32 parameter.
+/// One round of a 32-bit integer hash (Wellons' lowbias32: a bijection on
+/// ui32 whose output bits each flip with probability close to 1/2 when any
+/// input bit flips).
+Value mixWords(OpBuilder &builder, Location loc, Value words) {
+  auto type = cast<RankedTensorType>(words.getType());
+  auto constant = [&](double word) {
+    return shlo::buildBroadcastScalar(
+        builder, loc,
+        shlo::buildScalar(builder, loc, type.getElementType(), word), type);
+  };
+  auto op = [&](llvm::StringRef name, Value lhs, Value rhs) {
+    return shlo::buildElementwise(builder, loc, name, {lhs, rhs});
+  };
+  auto xorShift = [&](Value x, double shift) {
+    return op("xor", x, op("shift_right_logical", x, constant(shift)));
+  };
+  Value x = xorShift(words, 16);
+  x = op("multiply", x, constant(0x7feb352d));
+  x = xorShift(x, 15);
+  x = op("multiply", x, constant(0x846ca68b));
+  return xorShift(x, 16);
+}
+
+/// 16 random bits per element of `type` (ui32 words below 2^16): a hash of
+/// the element's index under `key` (ui32[2], fresh from rng_bit_generator
+/// each step and tensor). Elementwise on an iota, so the bits fuse into the
+/// update that rounds with them and shard like it: rng_bit_generator's own
+/// bits would be a buffer the size of the parameter, which XLA:CPU computes
+/// early and keeps until the update. Indices past 2^32 elements wrap.
+Value hashedBits(OpBuilder &builder, Location loc, Value key,
+                 RankedTensorType type) {
+  Type u32 = builder.getIntegerType(32, /*isSigned=*/false);
+  auto wordsType = cast<RankedTensorType>(shlo::withElementType(type, u32));
+  int64_t count = type.getNumElements();
+  Value index = shlo::buildIota(
+      builder, loc, RankedTensorType::get({count}, u32), 0);
+  if (type.getRank() != 1)
+    index = shlo::buildReshape(builder, loc, index, type.getShape());
+  auto keyWord = [&](int64_t i) {
+    Value word = shlo::buildReshape(
+        builder, loc, shlo::buildSlice(builder, loc, key, {i}, {i + 1}, {1}),
+        {});
+    return shlo::buildBroadcastScalar(builder, loc, word, wordsType);
+  };
+  Value x = mixWords(builder, loc,
+                     shlo::buildElementwise(builder, loc, "xor",
+                                            {index, keyWord(0)}));
+  x = mixWords(builder, loc,
+               shlo::buildElementwise(builder, loc, "add", {x, keyWord(1)}));
+  return shlo::buildElementwise(
+      builder, loc, "shift_right_logical",
+      {x, shlo::buildBroadcastScalar(
+              builder, loc, shlo::buildScalar(builder, loc, u32, 16.0),
+              wordsType)});
+}
+
+/// `value` (f32) rounded to bf16 with `noise`, random ui32 words below
+/// 2^16 of its shape: each word is added to the value's bit pattern and the
+/// sum cut to its high 16 bits, so it rounds up with probability (the
+/// value's low 16 bits) / 2^16. Non-finite values, whose bit pattern must
+/// not carry, round to nearest.
 Value roundStochastically(OpBuilder &builder, Location loc, Value value,
-                          Value bits) {
+                          Value noise) {
   auto type = cast<RankedTensorType>(value.getType());
   Type u32 = builder.getIntegerType(32, /*isSigned=*/false);
   Type wordsType = shlo::withElementType(type, u32);
@@ -264,7 +375,6 @@ Value roundStochastically(OpBuilder &builder, Location loc, Value value,
         cast<RankedTensorType>(wordsType));
   };
   Value words = shlo::buildBitcastConvert(builder, loc, value, wordsType);
-  Value noise = shlo::buildConvert(builder, loc, bits, u32);
   Value sum = shlo::buildElementwise(builder, loc, "add", {words, noise});
   Value cut = shlo::buildElementwise(builder, loc, "and",
                                      {sum, mask(0xFFFF0000u)});
@@ -412,7 +522,6 @@ private:
   void roundWithKey(func::FuncOp main, ArrayRef<RoundedState> converts) {
     MLIRContext *context = &getContext();
     OpBuilder builder(context);
-    Type u16 = builder.getIntegerType(16, /*isSigned=*/false);
     Type u32 = builder.getIntegerType(32, /*isSigned=*/false);
     Type u64 = builder.getIntegerType(64, /*isSigned=*/false);
     auto keyType = RankedTensorType::get({4}, u32);
@@ -435,12 +544,14 @@ private:
       Operation *convert = entry.convert;
       builder.setInsertionPoint(convert);
       Value value = convert->getOperand(0);
-      auto [next, bits] = shlo::buildRngBitGenerator(
-          builder, convert->getLoc(), state,
-          shlo::withElementType(value.getType(), u16));
+      auto [next, tensorKey] = shlo::buildRngBitGenerator(
+          builder, convert->getLoc(), state, RankedTensorType::get({2}, u32));
       state = next;
+      Value noise =
+          hashedBits(builder, convert->getLoc(), tensorKey,
+                     cast<RankedTensorType>(value.getType()));
       Value rounded = roundStochastically(builder, convert->getLoc(), value,
-                                          bits);
+                                          noise);
       convert->getResult(0).replaceAllUsesWith(rounded);
       convert->erase();
     }

@@ -760,6 +760,14 @@ std::pair<Value, Value> shlo::buildRngBitGenerator(OpBuilder &builder,
   return {op->getResult(0), op->getResult(1)};
 }
 
+Value shlo::buildIota(OpBuilder &builder, Location loc, RankedTensorType type,
+                      int64_t dimension) {
+  return createOp(builder, loc, opName("iota"), {}, type,
+                  {builder.getNamedAttr("iota_dimension",
+                                        builder.getI64IntegerAttr(dimension))})
+      ->getResult(0);
+}
+
 Value shlo::buildBroadcastInDim(OpBuilder &builder, Location loc,
                                 Value value, RankedTensorType type,
                                 llvm::ArrayRef<int64_t> dimensions) {

@@ -208,6 +208,9 @@ Value buildBitcastConvert(OpBuilder &builder, Location loc, Value value,
 /// `state` (ui64[2]) the next state and random bits of `bitsType`.
 std::pair<Value, Value> buildRngBitGenerator(OpBuilder &builder, Location loc,
                                              Value state, Type bitsType);
+/// `stablehlo.iota` of `type`: element i along `dimension` is i.
+Value buildIota(OpBuilder &builder, Location loc, RankedTensorType type,
+                int64_t dimension);
 /// A full reduction of `value` to a rank-0 tensor with the binary combiner
 /// `combiner` ("and", "maximum", "add") and the initial value `init`.
 Value buildReduceAll(OpBuilder &builder, Location loc, Value value,

@@ -501,3 +501,98 @@ def test_f8_second_moments_are_never_flushed_to_zero():
   large = np.abs(grad) >= 1e-3
   np.testing.assert_allclose(moved["f8"][large], moved["f32"][large],
                              rtol=0.2)
+
+
+# -- what XLA:CPU makes of a low-precision step --------------------------------
+
+
+def _entry(hlo_text: str) -> tuple[str, dict[str, str]]:
+  """The ENTRY computation of a compiled module and its fused computations
+  by name."""
+  computations, name, lines = {}, None, []
+  for line in hlo_text.splitlines():
+    if line.startswith("%") or line.startswith("ENTRY"):
+      name, lines = line.split()[1 if line.startswith("ENTRY") else 0], [line]
+    elif name is not None:
+      lines.append(line)
+      if line.startswith("}"):
+        computations[name.lstrip("%")] = "\n".join(lines)
+        name = None
+  entry = next(text for text in computations.values()
+               if text.startswith("ENTRY"))
+  return entry, computations
+
+
+def _dot_operand_types(hlo_text: str) -> list[tuple[str, ...]]:
+  """Element types of the operands of every dot XLA:CPU runs: plain `dot`s
+  and the dots inside its YNNPACK fusions."""
+  _, computations = _entry(hlo_text)
+  types = []
+  for body in computations.values():
+    element = {}
+    for line in body.splitlines():
+      if " = " not in line:
+        continue
+      name, rest = line.strip().split(" = ", 1)
+      element[name.removeprefix("ROOT ")] = rest.split("[", 1)[0]
+      if " dot(" in rest:
+        operands = rest.split(" dot(", 1)[1].split(")", 1)[0].split(", ")
+        types.append(tuple(element.get(o, "?") for o in operands))
+  return types
+
+
+def _copies_of_state(hlo_text: str) -> list[str]:
+  """Instructions of the entry computation that only copy a state argument
+  into a buffer of their own: a `copy` of it, or a fusion of it alone made
+  of bitcasts and copies."""
+  entry, computations = _entry(hlo_text)
+  found = []
+  for line in entry.splitlines():
+    line = line.strip()
+    for kind in (" copy(%state_", " fusion(%state_"):
+      if kind not in line:
+        continue
+      operands = line.split(kind[:-7] if kind.startswith(" copy") else
+                            " fusion(", 1)[1].split(")", 1)[0]
+      if "," in operands:
+        continue
+      if kind == " copy(%state_":
+        found.append(line.split(" = ")[0])
+        continue
+      called = line.split("calls=%", 1)[1].split(",")[0].split()[0]
+      body = computations.get(called, "")
+      ops = {op.split("(")[0].split()[-1] for op in body.splitlines()[1:-1]
+             if " = " in op}
+      if ops <= {"parameter", "bitcast", "copy"}:
+        found.append(line.split(" = ")[0])
+  return found
+
+
+def _mlp_wide(seed=0):
+  """Every dot at least 8 wide, so XLA:CPU runs it natively in bf16."""
+  rng = np.random.default_rng(seed)
+  params = {"w1": jnp.asarray(rng.normal(size=(32, 64)) * 0.1, jnp.float32),
+            "w2": jnp.asarray(rng.normal(size=(64, 16)) * 0.1, jnp.float32)}
+  batch = (jnp.asarray(rng.normal(size=(64, 32)), jnp.float32),
+           jnp.asarray(rng.normal(size=(64, 16)), jnp.float32))
+  return params, batch
+
+
+@pytest.mark.parametrize("policy, options", [
+    ("p=f32,c=bf16,o=f32", {}),
+    (BF16, {}),
+    (BF16, {"opt_state_dtype": "bf16"}),
+    (BF16, {"opt_state_dtype": "f8"}),
+], ids=["f32-state", "bf16-params", "bf16-moments", "f8-moments"])
+def test_xla_cpu_copies_no_state_and_keeps_bf16_dots(policy, options):
+  """The donated step updates its state in place: XLA:CPU copies no old
+  parameter or moment to keep it for a second reader (the update reads the
+  stored moment; a bf16 weight reaches the backward dot unbarriered), and
+  every dot stays bf16."""
+  params, batch = _mlp_wide()
+  step = amp.train_step(_mlp_loss, optax.adam(1e-3), policy, donate=True,
+                        **options)
+  text = step.lower(step.init(params), batch).compile().as_text()
+  assert _copies_of_state(text) == []
+  dots = _dot_operand_types(text)
+  assert dots and all(types == ("bf16", "bf16") for types in dots), dots
