@@ -582,13 +582,13 @@ def _mlp_wide(seed=0):
     ("p=f32,c=bf16,o=f32", {}),
     (BF16, {}),
     (BF16, {"opt_state_dtype": "bf16"}),
-    (BF16, {"opt_state_dtype": "f8"}),
-], ids=["f32-state", "bf16-params", "bf16-moments", "f8-moments"])
+], ids=["f32-state", "bf16-params", "bf16-moments"])
 def test_xla_cpu_copies_no_state_and_keeps_bf16_dots(policy, options):
   """The donated step updates its state in place: XLA:CPU copies no old
   parameter or moment to keep it for a second reader (the update reads the
   stored moment; a bf16 weight reaches the backward dot unbarriered), and
-  every dot stays bf16."""
+  every dot stays bf16. (f8 moments are copied: their update reads the f32
+  value, see Passes.td.)"""
   params, batch = _mlp_wide()
   step = amp.train_step(_mlp_loss, optax.adam(1e-3), policy, donate=True,
                         **options)
