@@ -448,10 +448,11 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     step lr * m / eps (it diverged the peers' MLP within 30 steps), rounded
     up it only makes that step smaller. It is decoded to
     f32 where it is read and its new value encoded before the return. The
-    update reads the f32 value, not the code: reading the decoded code (so
-    that XLA:CPU, as with bf16 moments, keeps no copy of the old blocks)
-    moved the peers' MLP's held-out loss by +0.012 from f32. About 1.016
-    bytes per
+    update reads the f32 value, as bitsandbytes' and torchao's 8-bit
+    optimizers do, not the decoded code (reading the code, XLA:CPU would
+    keep no copy of the old blocks, as with bf16 moments, but each step
+    would take the code's error, up to 2^-4 of a block's largest root).
+    About 1.016 bytes per
     element; the front end encodes the optimizer's first state the same
     way.
 

@@ -279,10 +279,11 @@ storeOptimizerStateLow(func::FuncOp main, OptimizerStateDtype dtype) {
       if (next == wide) { // unchanged: return the argument itself
         terminator->setOperand(r, argument);
       } else if (dtype == OptimizerStateDtype::F8) {
-        // The update reads the f32 value, not the 8-bit code: reading the
-        // decoded code moved the peers' MLP's held-out loss by +0.012 +-
-        // 0.005 from f32 (3 seeds), at the price of XLA:CPU copying the old
-        // blocks (1 byte per moment).
+        // The update reads the f32 value, as bitsandbytes' and torchao's
+        // 8-bit optimizers do, not the decoded code (whose error, up to
+        // 2^-4 of a block's largest root, it would then take every step),
+        // at the price of XLA:CPU copying the old blocks (1 byte per
+        // moment).
         terminator->setOperand(r, encodeBlocks(builder, loc, next));
       } else {
         // Right after `next`, so the readers that follow can read the

@@ -132,6 +132,36 @@ def test_kahan_buffers_only_for_bf16_parameters_in_the_params_tree():
   assert int(state.params["n"]) == 0
 
 
+def test_rounding_decisions_are_independent_across_elements_tensors_steps():
+  """The random words are a hash of each element's index under a key per
+  tensor and step: at exactly half an ulp each value rounds up as a fair
+  coin would, uncorrelated with its neighbours along either axis, with
+  the same element of another tensor of the same shape, and with its own
+  decision on the next step (a weak hash or a key shared between tensors
+  or steps correlates them; 4 sd of a correlation here is 0.016)."""
+  shape, ones = (256, 256), jnp.ones((256, 256), jnp.bfloat16)
+  step = amp.train_step(
+      lambda p, b: jnp.sum(p["a"] * b) + jnp.sum(p["b"] * b), optax.sgd(1.0),
+      BF16, update_rounding="stochastic")
+  half_ulp = jnp.full(shape, -2.0 ** -8)  # 1 + 2^-8: between 1 and 1 + 2^-7
+  state, _ = step(step.init({"a": ones, "b": ones}), half_ulp)
+  again, _ = step(state._replace(params={"a": ones, "b": ones}), half_ulp)
+  up = {name: np.asarray(s.params[t], np.float32).ravel() > 1
+        for name, s, t in (("a", state, "a"), ("b", state, "b"),
+                           ("a next", again, "a"))}
+  grid = up["a"].reshape(shape)
+
+  def corr(x, y):
+    return float(np.corrcoef(x.ravel(), y.ravel())[0, 1])
+
+  assert abs(up["a"].mean() - 0.5) < 0.01 and abs(up["b"].mean() - 0.5) < 0.01
+  for name, c in (("row neighbours", corr(grid[:, :-1], grid[:, 1:])),
+                  ("column neighbours", corr(grid[:-1], grid[1:])),
+                  ("other tensor", corr(up["a"], up["b"])),
+                  ("next step", corr(up["a"], up["a next"]))):
+    assert abs(c) < 0.02, (name, c)
+
+
 def test_the_key_advances_and_the_step_is_reproducible_from_the_state():
   batches = [jnp.full((64,), -2.0 ** -10)] * 3
   step, state, _ = _run("stochastic", jnp.ones((64,)), batches)
