@@ -5,7 +5,6 @@
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
-#include "llvm/ADT/APFloat.h"
 
 using namespace mlir;
 using namespace mlir::amp;
@@ -65,13 +64,8 @@ Value throughWidening(Value value) {
     return value;
   Operation *widen = narrow->getOperand(0).getDefiningOp();
   if (!widen || !shlo::isConvert(widen) ||
-      widen->getOperand(0).getType() != value.getType())
-    return value;
-  FloatType from = shlo::getFloatElementType(value.getType());
-  FloatType wide = shlo::getFloatElementType(widen->getResult(0).getType());
-  if (!from || !wide ||
-      !llvm::APFloatBase::isRepresentableBy(from.getFloatSemantics(),
-                                            wide.getFloatSemantics()))
+      widen->getOperand(0).getType() != value.getType() ||
+      !shlo::isExactWidening(value.getType(), widen->getResult(0).getType()))
     return value;
   return widen->getOperand(0);
 }

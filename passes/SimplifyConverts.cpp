@@ -11,7 +11,6 @@
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/PatternMatch.h"
 #include "mlir/Transforms/GreedyPatternRewriteDriver.h"
-#include "llvm/ADT/APFloat.h"
 
 namespace mlir::amp {
 #define GEN_PASS_DEF_AMPSIMPLIFYCONVERTSPASS
@@ -22,16 +21,6 @@ using namespace mlir;
 using namespace mlir::amp;
 
 namespace {
-
-/// True if every value of `from` is exactly representable in `to`.
-bool isExactWidening(Type from, Type to) {
-  auto fromFloat = shlo::getFloatElementType(from);
-  auto toFloat = shlo::getFloatElementType(to);
-  if (!fromFloat || !toFloat)
-    return false;
-  return llvm::APFloatBase::isRepresentableBy(fromFloat.getFloatSemantics(),
-                                              toFloat.getFloatSemantics());
-}
 
 /// A pattern on `stablehlo.convert`, an unregistered op matched by name:
 /// subclasses see only well-formed (unary) converts.
@@ -74,7 +63,7 @@ struct FoldExactRoundTrip final : ConvertPattern {
         producer->getNumOperands() != 1)
       return rewriter.notifyMatchFailure(op, "input is not a convert");
     Value source = producer->getOperand(0);
-    if (!isExactWidening(source.getType(), op->getOperand(0).getType()))
+    if (!shlo::isExactWidening(source.getType(), op->getOperand(0).getType()))
       return rewriter.notifyMatchFailure(
           op, "the first conversion may round: the pair is not a no-op");
     if (source.getType() == op->getResult(0).getType())

@@ -2,6 +2,8 @@
 
 #include "StableHLO.h"
 
+#include "llvm/ADT/APFloat.h"
+
 #include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/OperationSupport.h"
 #include "llvm/ADT/STLExtras.h"
@@ -341,6 +343,14 @@ FloatType shlo::getFloatElementType(Type type) {
   if (auto shaped = dyn_cast<TensorType>(type))
     return dyn_cast<FloatType>(shaped.getElementType());
   return dyn_cast<FloatType>(type);
+}
+
+bool shlo::isExactWidening(Type from, Type to) {
+  FloatType fromFloat = getFloatElementType(from);
+  FloatType toFloat = getFloatElementType(to);
+  return fromFloat && toFloat &&
+         llvm::APFloatBase::isRepresentableBy(fromFloat.getFloatSemantics(),
+                                              toFloat.getFloatSemantics());
 }
 
 Type shlo::withElementType(Type type, Type elementType) {

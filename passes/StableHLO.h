@@ -123,6 +123,9 @@ llvm::SmallVector<unsigned> indexOperands(Operation *op);
 /// The float element type of `type` if it is a ranked or unranked tensor of
 /// floats (or a float scalar), else null.
 FloatType getFloatElementType(Type type);
+/// True if `from` and `to` have float elements and every value of `from`'s
+/// is exactly representable in `to`'s (a convert between them is exact).
+bool isExactWidening(Type from, Type to);
 /// `type` with its element type replaced by `elementType`; shape and encoding
 /// are kept.
 Type withElementType(Type type, Type elementType);

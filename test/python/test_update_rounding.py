@@ -252,12 +252,13 @@ def _mlp_loss(p, batch):
   return jnp.mean((jnp.tanh(x @ p["w1"]) @ p["w2"] - y) ** 2)
 
 
-def _mlp(seed=0):
+def _mlp(seed=0, hidden=128, outputs=4):
   rng = np.random.default_rng(seed)
-  params = {"w1": jnp.asarray(rng.normal(size=(32, 128)) * 0.1, jnp.float32),
-            "w2": jnp.asarray(rng.normal(size=(128, 4)) * 0.1, jnp.float32)}
+  params = {"w1": jnp.asarray(rng.normal(size=(32, hidden)) * 0.1, jnp.float32),
+            "w2": jnp.asarray(rng.normal(size=(hidden, outputs)) * 0.1,
+                              jnp.float32)}
   batch = (jnp.asarray(rng.normal(size=(64, 32)), jnp.float32),
-           jnp.asarray(rng.normal(size=(64, 4)), jnp.float32))
+           jnp.asarray(rng.normal(size=(64, outputs)), jnp.float32))
   return params, batch
 
 
@@ -598,16 +599,6 @@ def _copies_of_state(hlo_text: str) -> list[str]:
   return found
 
 
-def _mlp_wide(seed=0):
-  """Every dot at least 8 wide, so XLA:CPU runs it natively in bf16."""
-  rng = np.random.default_rng(seed)
-  params = {"w1": jnp.asarray(rng.normal(size=(32, 64)) * 0.1, jnp.float32),
-            "w2": jnp.asarray(rng.normal(size=(64, 16)) * 0.1, jnp.float32)}
-  batch = (jnp.asarray(rng.normal(size=(64, 32)), jnp.float32),
-           jnp.asarray(rng.normal(size=(64, 16)), jnp.float32))
-  return params, batch
-
-
 @pytest.mark.parametrize("policy, options", [
     ("p=f32,c=bf16,o=f32", {}),
     (BF16, {}),
@@ -619,7 +610,7 @@ def test_xla_cpu_copies_no_state_and_keeps_bf16_dots(policy, options):
   stored moment; a bf16 weight reaches the backward dot unbarriered), and
   every dot stays bf16. (f8 moments are copied: their update reads the f32
   value, see Passes.td.)"""
-  params, batch = _mlp_wide()
+  params, batch = _mlp(hidden=64, outputs=16)  # every dot 8 wide: YNNPACK
   step = amp.train_step(_mlp_loss, optax.adam(1e-3), policy, donate=True,
                         **options)
   text = step.lower(step.init(params), batch).compile().as_text()
