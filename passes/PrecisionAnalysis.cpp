@@ -634,9 +634,13 @@ PrecisionAnalysis::ValueKinds PrecisionAnalysis::classifyValues() const {
   // Statistics: reduction results and what elementwise arithmetic makes of
   // them and of constants alone (mean, variance, rsqrt(var + eps), the
   // softmax max and sum).
+  // Constants: constant ops and what any op but a GEMM or a fixed op makes
+  // of constants alone, integers included (jnp.var's `N - ddof` is a
+  // convert of the integer ddof its specialised body is called with).
   // Normalised: f32 data centred by a statistic (x - mean) and what
-  // multiplying or dividing by statistics makes of it (x̂), when the data
-  // was made by f32 arithmetic. Batch norm's backward pass cancels across
+  // multiplying or dividing by statistics, constants or normalised data
+  // makes of it (x̂, 2 (x - mean)), when the data was made by f32
+  // arithmetic. Batch norm's backward pass cancels across
   // x̂ (dx = rstd (dy - mean(dy) - x̂ mean(dy x̂))); where nothing upstream
   // was rounded (a convolution XLA:CPU runs in f32), rounding x̂ raised the
   // flax ResNet step's error 4.7x. Data from a low-precision op was rounded
@@ -647,6 +651,11 @@ PrecisionAnalysis::ValueKinds PrecisionAnalysis::classifyValues() const {
                      (d.cls == OpClass::Deny || d.cls == OpClass::Clear);
     bool anyStatistic = false, allStatOrConst = op->getNumOperands() > 0;
     bool anyNormalised = false, anyUnroundedData = false;
+    bool allConstant =
+        op->getNumOperands() > 0 && d.cls != OpClass::Allow &&
+        d.cls != OpClass::Fixed &&
+        llvm::all_of(op->getOperands(),
+                     [&](Value operand) { return constants.contains(operand); });
     for (Value operand : op->getOperands()) {
       if (!shlo::getFloatElementType(operand.getType()))
         continue;
@@ -661,16 +670,16 @@ PrecisionAnalysis::ValueKinds PrecisionAnalysis::classifyValues() const {
                           !(producer && decision(producer).low);
     }
     for (Value result : op->getResults()) {
-      if (shlo::isConstant(op) ||
+      if (shlo::isConstant(op) || allConstant ||
           (d.cls == OpClass::Clear && allStatOrConst && !anyStatistic))
         constants.insert(result);
       else if (reduction || (d.cls != OpClass::Allow && d.cls != OpClass::Fixed &&
                              anyStatistic && allStatOrConst))
         statistics.insert(result);
-      else if (anyStatistic &&
-               ((shlo::is(op, "subtract") && anyUnroundedData) ||
-                ((shlo::is(op, "multiply") || shlo::is(op, "divide")) &&
-                 anyNormalised && !anyUnroundedData)))
+      else if ((shlo::is(op, "subtract") && anyStatistic && anyUnroundedData) ||
+               ((shlo::is(op, "multiply") || shlo::is(op, "divide") ||
+                 shlo::isChlo(op, "square")) &&
+                anyNormalised && !anyUnroundedData))
         normalised.insert(result);
     }
   }
