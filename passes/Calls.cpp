@@ -77,6 +77,31 @@ llvm::DenseSet<StringAttr> referencedSymbols(ModuleOp module) {
   return referenced;
 }
 
+/// The location of an op inlined from a callee at `callLoc`: the call's
+/// name path with the op's own appended (so the op is in its call site's
+/// scope and phase: a specialised body's ops are named relative to it,
+/// `loc("mul")`), and the op's frames, if it has any, called from the
+/// call's frames, as MLIR's inliner does. The user's line is then the
+/// call's when the callee is library code.
+Location inlinedLoc(Location calleeLoc, Location callLoc) {
+  MLIRContext *context = callLoc.getContext();
+  if (isa<UnknownLoc>(calleeLoc))
+    return callLoc;
+  auto callName = dyn_cast<NameLoc>(callLoc);
+  auto calleeName = dyn_cast<NameLoc>(calleeLoc);
+  Location callFrames = callName ? callName.getChildLoc() : callLoc;
+  Location calleeFrames = calleeName ? calleeName.getChildLoc() : calleeLoc;
+  Location frames = isa<UnknownLoc>(calleeFrames)
+                        ? callFrames
+                        : CallSiteLoc::get(calleeFrames, callFrames);
+  if (!callName && !calleeName)
+    return frames;
+  std::string name = callName ? callName.getName().str() : "";
+  if (calleeName)
+    name += (name.empty() ? "" : "/") + calleeName.getName().str();
+  return NameLoc::get(StringAttr::get(context, name), frames);
+}
+
 } // namespace
 
 int64_t mlir::amp::inlinePrivateCalls(ModuleOp module) {
@@ -112,7 +137,9 @@ int64_t mlir::amp::inlinePrivateCalls(ModuleOp module) {
       mapping.map(body.getArguments(), call.getOperands());
       OpBuilder builder(call);
       for (Operation &op : body.without_terminator())
-        builder.clone(op, mapping);
+        builder.clone(op, mapping)->walk([&](Operation *inlined) {
+          inlined->setLoc(inlinedLoc(inlined->getLoc(), call.getLoc()));
+        });
       for (auto [result, returned] :
            llvm::zip(call.getResults(), body.getTerminator()->getOperands()))
         result.replaceAllUsesWith(mapping.lookupOrDefault(returned));

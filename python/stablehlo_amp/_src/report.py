@@ -30,7 +30,7 @@ _OWN_PATHS = ("/stablehlo_amp/", "/jax/", "/jaxlib/")
 _WRAPPER = re.compile(r"^(?:jit|pjit|jvp|transpose|vmap|remat|checkpoint|"
                       r"custom_jvp_call|custom_vjp_call|xla_call)\((.*)\)$")
 _DRIVER_NAMES = frozenset({"", "main", "module_fn", "_traced", "fun",
-                           "amp_module_call"})
+                           "flat_fun", "amp_module_call"})
 # The phases of a training step, in report order.
 PHASES = ("forward", "backward", "optimizer")
 # Ops that follow their neighbours and would swamp the headline counts.
