@@ -202,6 +202,14 @@ llvm::Expected<Policy> mlir::amp::parsePolicy(llvm::StringRef text) {
     auto [key, value] = item.split('=');
     key = key.trim();
     value = value.trim();
+    if (value.contains('=')) {
+      // Two entries run together ("p=bf16 c=bf16", "p=bf16;c=bf16").
+      llvm::SmallVector<llvm::StringRef> parts;
+      llvm::SplitString(item, parts, " \t;:");
+      return optionError("policy entries are separated by commas: '" + item +
+                         "' holds more than one KEY=DTYPE (write " +
+                         llvm::join(parts, ",") + ")");
+    }
     if (!item.contains('=') || key.empty() || value.empty())
       return optionError("malformed policy entry '" + item +
                          "' (expected KEY=DTYPE with KEY one of p, c, o, "
