@@ -11,6 +11,7 @@ which libraries are missing; CI runs fail on missing test dependencies.
 
 from __future__ import annotations
 
+import glob
 import importlib.metadata
 import os
 import pathlib
@@ -237,6 +238,15 @@ def _llvm_22_library_dirs() -> list[str]:
     match = re.search(r"(lib(MLIR|LLVM)\S*22\S*) .*=> (\S+)", line)
     if match:
       dirs.add(os.path.dirname(os.path.realpath(match.group(3))))
+  # The LLVM 22 the plugin was built against, where it is not the loader's
+  # (the PyPI wheels in the build venv, seen from another venv).
+  recorded = amp_plugin.mlir_opt_path()
+  if recorded:
+    prefix = os.path.dirname(os.path.dirname(os.path.realpath(recorded)))
+    dirs.update(d for d in glob.glob(os.path.join(os.path.dirname(prefix),
+                                                  "*", "lib"))
+                if any(glob.glob(os.path.join(d, name + ".so*"))
+                       for name in ("libMLIR", "libLLVM")))
   return sorted(d for d in dirs if not d.startswith("/usr/lib/llvm-22"))
 
 

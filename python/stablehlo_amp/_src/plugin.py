@@ -66,6 +66,14 @@ def _llvm_library_dirs() -> list[str]:
   dirs += [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
   for entry in sys.path:
     dirs += glob.glob(os.path.join(entry, "*", "lib"))
+  # The LLVM 22 of the mlir-opt the plugin was built for, wherever it is
+  # installed (the build venv's wheels, seen from another venv): mlir-opt
+  # loads its libraries from there. Its prefix's lib, and its siblings'
+  # (site-packages/mlir/bin/mlir-opt needs site-packages/llvm/lib too).
+  recorded = mlir_opt_path()
+  if recorded:
+    prefix = os.path.dirname(os.path.dirname(os.path.realpath(recorded)))
+    dirs += glob.glob(os.path.join(os.path.dirname(prefix), "*", "lib"))
   return dirs
 
 
