@@ -6,19 +6,22 @@ optimized HLO), the interleaved step loop, tables and JSON.
 
 Imports neither stablehlo_amp nor the peer libraries when imported, so it
 also runs on a machine that has only JAX (the GPU script's fallback paths).
-`amp_internals()` is the one place the benchmarks reach past the public API.
+`amp_internals()` and `hlo_reader()` are the places the benchmarks reach
+past the public API.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import json
 import os
 import pathlib
 import platform
 import re
 import statistics
+import sys
 import sysconfig
 import time
 import types
@@ -28,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 # One definition of the transformer LM: the demo's (examples/lm.py, found
 # from the repository root, where `python -m bench.SCRIPT` runs).
@@ -51,13 +55,17 @@ def amp_internals() -> types.SimpleNamespace:
   the package; this is the place to follow them.
   """
   from stablehlo_amp import _amp
-  from stablehlo_amp._src import jax_compat, pipeline
+  from stablehlo_amp._src import contract, jax_compat, pipeline, training
   return types.SimpleNamespace(
       run_pipeline=_amp.run_pipeline,
       build_pipeline=pipeline.build_pipeline,
       ir_context=pipeline.ir_context,
       generic_text=pipeline.generic_text,
-      bytecode_of=jax_compat.bytecode_of)
+      bytecode_of=jax_compat.bytecode_of,
+      # The f8 optimizer state's layout and sharding (sharded steps).
+      f8_state_shape=contract.f8_state_shape,
+      f8_block_sharding=lambda sharding, shape:
+          training._f8_block_sharding(sharding, shape)[0])
 
 # --------------------------------------------------------------------------
 # Data: the standard library's own source, as byte-pair tokens (vocab 512).
@@ -289,42 +297,25 @@ def count_converts(stablehlo_text: str) -> int:
   return len(_CONVERT.findall(stablehlo_text))
 
 
-def _balanced(text: str, start: int) -> tuple[str, int]:
-  """The text inside the parentheses opening at `start`, and the index after."""
-  depth = 0
-  for i in range(start, len(text)):
-    if text[i] == "(":
-      depth += 1
-    elif text[i] == ")":
-      depth -= 1
-      if depth == 0:
-        return text[start + 1:i], i + 1
-  return text[start + 1:], len(text)
+@functools.cache
+def hlo_reader() -> types.ModuleType:
+  """stablehlo_amp's reader of XLA's optimized HLO text
+  (python/stablehlo_amp/_src/hlo.py), loaded from this checkout by path.
+
+  It needs the standard library only, so it also works where stablehlo_amp
+  does not import (bench/gpu.py's fallback on a machine that has only
+  JAX). With `amp_internals()`, the one other place the benchmarks reach
+  past the public API.
+  """
+  path = (pathlib.Path(__file__).resolve().parents[1] / "python" /
+          "stablehlo_amp" / "_src" / "hlo.py")
+  spec = importlib.util.spec_from_file_location("_stablehlo_amp_hlo", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # its dataclasses look their module up
+  spec.loader.exec_module(module)
+  return module
 
 
-def _split_top(text: str) -> list[str]:
-  parts, depth, current = [], 0, []
-  for ch in text:
-    if ch in "([{":
-      depth += 1
-    elif ch in ")]}":
-      depth -= 1
-    if ch == "," and depth == 0:
-      parts.append("".join(current).strip())
-      current = []
-    else:
-      current.append(ch)
-  if "".join(current).strip():
-    parts.append("".join(current).strip())
-  return parts
-
-
-_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*")
-_CALLS = re.compile(r"calls=%?([\w.\-]+)")
-_FUSION_KIND = re.compile(r'"kind"\s*:\s*"([\w$]+)"')
-_TARGET = re.compile(r'custom_call_target="([^"]+)"')
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
 _GEMM_TARGET = re.compile(r"gemm|matmul", re.I)
 
 
@@ -339,76 +330,44 @@ def hlo_dots(hlo_text: str) -> dict:
   XLA:CPU a bf16 x bf16 -> f32 dot outside a YNN fusion fails at run time)
   and `dots`: one record per dot.
   """
-  types: dict[str, str] = {}
-  parsed = []
-  computation = None
-  fusion_kind_of: dict[str, str] = {}
-  for line in hlo_text.splitlines():
-    header = _HEADER.match(line)
-    if header and " = " not in line.split("(")[0]:
-      computation = header.group(1)
-      continue
-    match = _INSTR.match(line)
-    if not match:
-      continue
-    name, rest = match.group(1), line[match.end():]
-    if rest.startswith("("):
-      inner, end = _balanced(rest, 0)
-      result_type, rest = "(" + inner + ")", rest[end:].lstrip()
-    else:
-      result_type, _, rest = rest.partition(" ")
-    types[name] = result_type
-    opcode_match = re.match(r"([\w\-]+)\(", rest)
-    if not opcode_match:
-      continue
-    opcode = opcode_match.group(1)
-    operands_text, end = _balanced(rest, opcode_match.end() - 1)
-    after = rest[end:]
-    if opcode == "fusion":
-      calls = _CALLS.search(after)
-      kind = _FUSION_KIND.search(after)
-      if calls:
-        fusion_kind_of[calls.group(1)] = kind.group(1) if kind else ""
-    target = _TARGET.search(after)
-    if opcode == "dot" or (opcode == "custom-call" and target and
-                           _GEMM_TARGET.search(target.group(1))):
-      op_name = _OP_NAME.search(after)
-      parsed.append({"name": name, "computation": computation,
-                     "opcode": opcode if opcode == "dot" else target.group(1),
-                     "result": result_type,
-                     "operands": _split_top(operands_text)[:2],
-                     "op_name": op_name.group(1) if op_name else ""})
-  element = lambda t: t.lstrip("(").split("[")[0]
+  module = hlo_reader().Module.parse(hlo_text)
   counts = {"total": 0, "low": 0, "fp8": 0, "mixed": 0, "f32": 0,
             "other": 0,
             "low_in_custom_fusion": 0, "low_outside_fusion": 0}
   records = []
-  for dot in parsed:
-    operand_types = []
-    for operand in dot["operands"]:
-      token = operand.split()[-1].lstrip("%") if operand else ""
-      if "[" in operand.split()[0] and len(operand.split()) > 1:
-        operand_types.append(operand.split()[0])  # printed inline
-      else:
-        operand_types.append(types.get(token, "?"))
-    elements = [element(t) for t in operand_types]
-    low = [e in ("bf16", "f16") for e in elements]
-    fp8 = [e.startswith("f8") for e in elements]
-    kind = ("fp8" if fp8 and all(fp8) else
-            "low" if low and all(low) else "mixed" if any(low) else
-            "f32" if elements and all(e == "f32" for e in elements) else
-            "other")
-    fusion = fusion_kind_of.get(dot["computation"], "")
-    counts["total"] += 1
-    counts[kind] += 1
-    if kind == "low" and fusion.startswith("__"):
-      counts["low_in_custom_fusion"] += 1
-    elif kind == "low":
-      counts["low_outside_fusion"] += 1
-    records.append({"kind": kind, "operands": operand_types,
-                    "result": dot["result"], "fusion": fusion,
-                    "op_name": dot["op_name"], "opcode": dot["opcode"]})
+  for computation in module.computations.values():
+    fusion = module.fusion_kind(computation.name) or ""
+    for ins in computation.instructions:
+      target = ins.custom_call_target or ""
+      if not (ins.opcode == "dot" or (ins.opcode == "custom-call" and
+                                      _GEMM_TARGET.search(target))):
+        continue
+      shapes = computation.operand_shapes(ins)[:2]
+      elements = [s.element_type if s else "?" for s in shapes]
+      low = [e in ("bf16", "f16") for e in elements]
+      fp8 = [e.startswith("f8") for e in elements]
+      kind = ("fp8" if fp8 and all(fp8) else
+              "low" if low and all(low) else "mixed" if any(low) else
+              "f32" if elements and all(e == "f32" for e in elements) else
+              "other")
+      counts["total"] += 1
+      counts[kind] += 1
+      if kind == "low" and fusion.startswith("__"):
+        counts["low_in_custom_fusion"] += 1
+      elif kind == "low":
+        counts["low_outside_fusion"] += 1
+      records.append({"kind": kind,
+                      "operands": [s.text if s else "?" for s in shapes],
+                      "result": ins.shape.text, "fusion": fusion,
+                      "op_name": ins.op_name,
+                      "opcode": "dot" if ins.opcode == "dot" else target})
   return {**counts, "dots": records}
+
+
+def kernels(hlo_text: str) -> int:
+  """Instructions of the entry computation that run work on the device
+  (hlo.py's `Module.kernels`)."""
+  return hlo_reader().Module.parse(hlo_text).kernels()
 
 
 # --------------------------------------------------------------------------
@@ -652,3 +611,179 @@ def write_json(path: pathlib.Path, data: dict) -> pathlib.Path:
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(data, indent=1, default=str) + "\n")
   return path
+
+
+# --------------------------------------------------------------------------
+# Sharding a training step (bench/gpu_compile.py --devices): meshes, FSDP
+# and tensor parallel shardings of a model's parameters, its training state
+# and its batch, as `NamedSharding`s on the inputs (a training script's
+# way; XLA's SPMD partitioner does the rest), and what the partitioned
+# program moves between devices.
+#
+# - FSDP: every leaf split over the axis "fsdp" along its largest dimension
+#   that the axis divides (the first such one on a tie); the batch along
+#   its first.
+# - FSDP x tensor parallel ("tp"): the LM's column-parallel kernels (qkv,
+#   up, and up's bias) split their output dimension over "tp", its
+#   row-parallel ones (proj, down) their input dimension (Megatron-LM's
+#   layout); the rest of each leaf as in FSDP over "fsdp". The batch is
+#   split over "fsdp" and replicated over "tp".
+# - Training state: a leaf of the optimizer state or of the compensation
+#   buffers at the path of a parameter, with the parameter's shape, takes
+#   the parameter's sharding; an f8 optimizer-state leaf, its blocks split
+#   as amp.train_step's init splits them; the rest (counters, the loss
+#   scale) is replicated.
+
+# The LM's tensor-parallel kernels: the dimension split over "tp".
+TP_COLUMN = {"qkv": 1, "up": 1, "up_bias": 0}
+TP_ROW = {"proj": 0, "down": 0}
+
+
+def mesh_axes(text: str, devices: int) -> dict[str, int]:
+  """`fsdp` or `fsdp=4,tp=2` as {axis: size}; the sizes multiply to
+  `devices` (an axis without a size takes what is left)."""
+  axes: dict[str, int] = {}
+  open_axis = None
+  for item in text.split(","):
+    name, _, size = item.strip().partition("=")
+    if name not in ("fsdp", "tp"):
+      raise ValueError(f"--mesh: unknown axis {name!r} (accepted: fsdp, tp)")
+    if name in axes or name == open_axis:
+      raise ValueError(f"--mesh: axis {name!r} given twice")
+    if size:
+      if not size.isdigit() or int(size) < 1:
+        raise ValueError(f"--mesh: {item!r}: the size must be a positive "
+                         "integer")
+      axes[name] = int(size)
+    elif open_axis is not None:
+      raise ValueError("--mesh: only one axis may leave its size out")
+    else:
+      open_axis = name
+  known = 1
+  for size in axes.values():
+    known *= size
+  if open_axis is not None:
+    if devices % known:
+      raise ValueError(f"--mesh {text}: {known} does not divide --devices "
+                       f"{devices}")
+    axes[open_axis] = devices // known
+  elif known != devices:
+    raise ValueError(f"--mesh {text}: the axes hold {known} devices, "
+                     f"--devices is {devices}")
+  return {name: axes[name] for name in ("fsdp", "tp") if name in axes}
+
+
+def _largest_divisible(shape, size: int, skip: int | None = None
+                       ) -> int | None:
+  best = None
+  for dim, extent in enumerate(shape):
+    if dim != skip and extent % size == 0 and extent >= size and (
+        best is None or extent > shape[best]):
+      best = dim
+  return best
+
+
+def leaf_spec(name: str, shape: tuple[int, ...], axes: dict[str, int]) -> P:
+  """The PartitionSpec of a parameter named `name` (its last key)."""
+  spec: list[Any] = [None] * len(shape)
+  tp = axes.get("tp", 1)
+  tp_dim = None
+  if tp > 1:
+    tp_dim = TP_COLUMN.get(name, TP_ROW.get(name))
+    if tp_dim is not None and tp_dim < len(shape) and shape[tp_dim] % tp == 0:
+      spec[tp_dim] = "tp"
+    else:
+      tp_dim = None
+  fsdp = axes.get("fsdp", 1)
+  if fsdp > 1:
+    dim = _largest_divisible(shape, fsdp, skip=tp_dim)
+    if dim is not None:
+      spec[dim] = "fsdp"
+  return P(*spec)
+
+
+def _last_key(path) -> str:
+  for key in reversed(path):
+    name = getattr(key, "key", getattr(key, "name", None))
+    if isinstance(name, str):
+      return name
+  return ""
+
+
+def param_shardings(params: Any, mesh, axes: dict[str, int]) -> Any:
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: NamedSharding(mesh, leaf_spec(
+          _last_key(path), tuple(x.shape), axes)), params)
+
+
+def batch_sharding(batch: Any, mesh, axes: dict[str, int]) -> Any:
+  fsdp = axes.get("fsdp", 1)
+  return jax.tree_util.tree_map(
+      lambda x: NamedSharding(mesh, P("fsdp", *[None] * (len(x.shape) - 1))
+                              if fsdp > 1 and x.shape and
+                              x.shape[0] % fsdp == 0 else P()), batch)
+
+
+def state_shardings(state: Any, params: Any, shardings: Any, mesh) -> Any:
+  """Shardings for a training state (a TrainState, or a plain step's
+  (params, opt_state) tuple) whose parameters are sharded by `shardings`:
+  see the module docstring."""
+  internals = amp_internals()
+  by_path = {}
+  for (path, x), sharding in zip(
+      jax.tree_util.tree_flatten_with_path(params)[0],
+      jax.tree_util.tree_leaves(shardings)):
+    by_path[jax.tree_util.keystr(path)] = (tuple(x.shape), sharding)
+
+  def of(path, x):
+    text = jax.tree_util.keystr(path)
+    shape = tuple(jnp.shape(x))
+    for param_path, (param_shape, sharding) in by_path.items():
+      if not text.endswith(param_path):
+        continue
+      if shape == param_shape:
+        return sharding
+      if (jnp.dtype(x.dtype) == jnp.uint8 and
+          shape == internals.f8_state_shape(param_shape)):
+        return internals.f8_block_sharding(sharding, param_shape)
+    return NamedSharding(mesh, P())
+  return jax.tree_util.tree_map_with_path(of, state)
+
+
+def collectives(hlo_text: str) -> dict[str, Any]:
+  """Bytes each device moves, per (kind, dtype) and in all, from the
+  optimized program (`hlo.py`: an all-gather by its result, the others by
+  their operands). The gradient reduction is the reduce-scatters."""
+  table = hlo_reader().Module.parse(hlo_text).collective_bytes()
+  total = sum(table.values())
+  reduction = sum(n for (kind, _), n in table.items()
+                  if kind == "reduce-scatter")
+  return {"by_kind": {f"{kind} {dtype}": n for (kind, dtype), n in
+                      sorted(table.items(), key=lambda kv: -kv[1])},
+          "total": total, "gradient_reduction": reduction,
+          "other": total - reduction}
+
+
+def mib(count: int) -> str:
+  """Bytes in MiB: whole MiB from 10 up, else 2 decimals."""
+  return f"{count / 2**20:.0f}" if count >= 10 * 2**20 else \
+      f"{count / 2**20:.2f}"
+
+
+def describe(table: dict[str, int]) -> str:
+  """`collectives()["by_kind"]` as "all-gather bf16 881, ..." (MiB)."""
+  return ", ".join(f"{name} {mib(n)}" for name, n in table.items() if n) \
+      or "none"
+
+
+_TOPOLOGY = re.compile(r"^\d+x\d+x\d+$")
+
+
+def check_topology(text: str, devices: int) -> None:
+  if not _TOPOLOGY.match(text):
+    raise ValueError(f"--topology {text!r}: expected partitions x hosts x "
+                     "devices per host, e.g. 1x1x8 or 1x2x4")
+  a, b, c = (int(n) for n in text.split("x"))
+  if a * b * c != devices:
+    raise ValueError(f"--topology {text} holds {a * b * c} devices, "
+                     f"--devices is {devices}")

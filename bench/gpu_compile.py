@@ -140,25 +140,6 @@ TARGETS = {"ours-bf16": 0.60, "ours-bf16-gemm-f8": 0.55,
            "ours-bf16-params-bf16-stochastic-moments-bf16": 0.50}
 
 
-_NOT_KERNELS = ("parameter", "constant", "bitcast", "get-tuple-element",
-                "tuple", "opt-barrier")
-
-
-def kernels(hlo_text: str) -> int:
-  """Instructions of the entry computation that run work on the device
-  (fusions, GEMM calls, copies...): a proxy for launches and scheduling
-  freedom where no device times the step."""
-  entry = hlo_text[hlo_text.index("\nENTRY "):]
-  entry = entry[:entry.index("\n}")]
-  count = 0
-  for line in entry.splitlines()[1:]:
-    _, _, rest = line.partition(" = ")
-    opcode = rest.split("(")[0].split(" ")[-1] if rest else ""
-    if opcode and opcode not in _NOT_KERNELS:
-      count += 1
-  return count
-
-
 def _parse(argv):
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -175,6 +156,21 @@ def _parse(argv):
                       help="--target cpu --size smoke, arguments with a "
                       "NamedSharding as for the H100: checks the script "
                       "without CUDA")
+  parser.add_argument("--devices", type=int, default=1,
+                      help="devices the step is sharded over (default 1): "
+                      "on --target gpu a deviceless topology of that many "
+                      "H100s, on cpu this machine's CPU devices (set "
+                      "XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+  parser.add_argument("--mesh", default=None,
+                      help="mesh axes, e.g. 'fsdp' (every device on one "
+                      "axis: FSDP) or 'fsdp=4,tp=2' (FSDP x tensor "
+                      "parallel); default fsdp when --devices > 1")
+  parser.add_argument("--topology", default=None,
+                      help="the deviceless GPU topology, partitions x hosts "
+                      "x devices per host (default 1x1xDEVICES; 1x2x4 is two "
+                      "hosts of 4)")
+  parser.add_argument("--batch", type=int, default=None,
+                      help="the batch (default: the size's)")
   parser.add_argument("--json", default=None,
                       help="write the results here (default: "
                       "bench/results/gpu-compile[-TARGET-SIZE].json)")
@@ -185,14 +181,27 @@ def _parse(argv):
   args.size = args.size or ("smoke" if args.smoke else None)
   args.variants = args.variants or ",".join(SMOKE_VARIANTS if args.smoke else
                                             VARIANTS)
+  if args.devices < 1:
+    parser.error(f"--devices must be at least 1, got {args.devices}")
+  args.mesh = args.mesh or ("fsdp" if args.devices > 1 else None)
+  from bench import common
+  if args.mesh:
+    try:
+      args.axes = common.mesh_axes(args.mesh, args.devices)
+    except ValueError as error:
+      parser.error(str(error))
+  else:
+    args.axes = {}
+  if args.topology and args.target != "gpu":
+    parser.error("--topology is the deviceless GPU topology (--target gpu)")
   return args
 
 
 def main(argv=None) -> int:
+  # The CUDA plugin must not look for a device: before JAX is imported.
+  os.environ["JAX_PLATFORMS"] = "cpu"
   args = _parse(argv)
   size = args.size or ("gpu" if args.target == "gpu" else "small")
-  # The CUDA plugin must not look for a device.
-  os.environ["JAX_PLATFORMS"] = "cpu"
   import jax
   import jax.numpy as jnp
   import optax
@@ -202,29 +211,63 @@ def main(argv=None) -> int:
   from bench import gpu
 
   configs = gpu.configs(size)
+  devices = args.devices
+  mesh_shape = tuple(args.axes.values()) or (1,)
+  mesh_names = tuple(args.axes) or ("devices",)
   if args.target == "gpu":
     from jax.experimental import topologies
+    topology_text = args.topology or f"1x1x{devices}"
+    try:
+      common.check_topology(topology_text, devices)
+    except ValueError as error:
+      print(error, file=sys.stderr)
+      return 2
     try:
       topology = topologies.get_topology_desc(
           platform="cuda", target_config=H100_TARGET_CONFIG,
-          topology="1x1x1")
+          topology=topology_text)
     except Exception as error:  # noqa: BLE001 - any failure: say how to fix
       print(f"no CUDA compiler here ({type(error).__name__}: {error}); "
             "install jax[cuda12] for this JAX (make gpu-compile does), or "
             "run with --target cpu", file=sys.stderr)
       return 2
-    mesh = topologies.make_mesh(topology, (1,), ("devices",))
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  elif args.smoke:  # the same kind of argument, on this machine's CPU
-    mesh = jax.sharding.Mesh(jax.devices()[:1], ("devices",))
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    mesh = topologies.make_mesh(topology, mesh_shape, mesh_names)
+  elif args.smoke or devices > 1:  # the same kind of argument, on this CPU
+    if jax.device_count() < devices:
+      print(f"--devices {devices} needs {devices} CPU devices, this process "
+            f"has {jax.device_count()}: set XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={devices}",
+            file=sys.stderr)
+      return 2
+    import numpy as np
+    mesh = jax.sharding.Mesh(
+        np.array(jax.devices()[:devices]).reshape(mesh_shape), mesh_names)
   else:
-    sharding = None
+    mesh = None
 
-  def abstract(tree):
+  def abstract(tree, shardings=None):
+    """ShapeDtypeStructs of `tree`, each with its sharding (replicated on
+    the mesh where none is given)."""
+    if mesh is None:
+      return jax.tree_util.tree_map(
+          lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)),
+          tree)
+    if shardings is None:
+      replicated = jax.sharding.NamedSharding(mesh,
+                                              jax.sharding.PartitionSpec())
+      shardings = jax.tree_util.tree_map(lambda _: replicated, tree)
     return jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x),
-                                       sharding=sharding), tree)
+        lambda x, s: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x),
+                                          sharding=s), tree, shardings)
+
+  def placed(params, state, batch):
+    """(state, batch) as abstract arguments with the mesh's shardings."""
+    if mesh is None or not args.axes:
+      return abstract(state), abstract(batch)
+    params_sharded = common.param_shardings(params, mesh, args.axes)
+    return (abstract(state, common.state_shardings(
+        state, params, params_sharded, mesh)),
+            abstract(batch, common.batch_sharding(batch, mesh, args.axes)))
 
   def compile_plain(loss, params, batch, tx, cast_params, cast_inside):
     def step(state, batch):
@@ -243,8 +286,8 @@ def main(argv=None) -> int:
       batch = jax.eval_shape(lambda b: common.tree_cast(b, jnp.bfloat16),
                              batch)
     state = (p0, jax.eval_shape(tx.init, p0))
-    lowered = jax.jit(step, donate_argnums=0).lower(abstract(state),
-                                                    abstract(batch))
+    lowered = jax.jit(step, donate_argnums=0).lower(*placed(p0, state,
+                                                            batch))
     return lowered.compile(), None
 
   def compile_ours(variant, loss, params, batch, tx):
@@ -254,7 +297,7 @@ def main(argv=None) -> int:
                           loss_scale=loss_scale, donate=True,
                           target=args.target, **options)
     state = jax.eval_shape(step.init, params)
-    lowered = step.lower(abstract(state), abstract(batch))
+    lowered = step.lower(*placed(params, state, batch))
     compiled = lowered.compile()
     return compiled, lowered.report()
 
@@ -269,16 +312,23 @@ def main(argv=None) -> int:
     loss = ((lambda p, b, **kw: common.lm_loss(p, b, config, **kw))
             if name == "lm" else
             (lambda p, b, **kw: common.mlp_loss(p, b, config, **kw)))
-    batch = (jax.ShapeDtypeStruct((config.batch, config.seq + 1), jnp.int32)
+    batch_size = args.batch or config.batch
+    batch = (jax.ShapeDtypeStruct((batch_size, config.seq + 1), jnp.int32)
              if name == "lm" else
-             (jax.ShapeDtypeStruct((config.batch, config.sizes[0]),
+             (jax.ShapeDtypeStruct((batch_size, config.sizes[0]),
                                    jnp.float32),
-              jax.ShapeDtypeStruct((config.batch,), jnp.int32)))
+              jax.ShapeDtypeStruct((batch_size,), jnp.int32)))
     tx = optax.adam(1e-3)
     rows = []
-    print(f"\n### {name}: {args.target}"
-          f"{' (deviceless H100)' if args.target == 'gpu' else ''}, "
-          f"size {size}, jax {jax.__version__}")
+    where = (f"deviceless {devices}x H100" + (f", topology {topology_text}"
+                                               if devices > 1 else "")
+             if args.target == "gpu" else
+             f"{devices} CPU device{'s' if devices > 1 else ''}")
+    mesh_text = (", mesh " + " x ".join(f"{k}={v}" for k, v in
+                                         args.axes.items())
+                 if args.axes else "")
+    print(f"\n### {name}: {args.target} ({where}{mesh_text}), size {size}, "
+          f"batch {batch_size}, jax {jax.__version__}")
     for variant in args.variants.split(","):
       start = time.perf_counter()
       if variant in OURS:
@@ -291,9 +341,12 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown variant {variant!r} (known: "
                          f"{', '.join(VARIANTS)})")
       seconds = time.perf_counter() - start
+      text = compiled.as_text()
       row = {"variant": variant, "compile_s": seconds,
              "memory": common.memory(compiled),
-             "kernels": kernels(compiled.as_text())}
+             "kernels": common.kernels(text)}
+      if devices > 1:
+        row["collectives"] = common.collectives(text)
       if report is not None and report.xla is not None:
         stored = report.xla.stored
         fp8 = report.xla.fp8
@@ -334,6 +387,17 @@ def main(argv=None) -> int:
       if base:
         row["total_vs_f32"] = m["total"] / base["total"]
         row["temp_vs_f32"] = m["temp"] / base["temp"]
+    if devices > 1:
+      print("\nCollectives per device (MiB; all-gather by its result, the "
+            "others by their operands; the gradient reduction is the "
+            "reduce-scatters):\n")
+      print("| variant | total | other than the gradient reduction | "
+            "by kind and dtype |")
+      print("|---|---|---|---|")
+      for row in rows:
+        c = row["collectives"]
+        print(f"| {row['variant']} | {common.mib(c['total'])} | "
+              f"{common.mib(c['other'])} | {common.describe(c['by_kind'])} |")
     if name == "lm" and size == "gpu" and base:
       by = {r["variant"]: r for r in rows}
       for variant, goal in TARGETS.items():

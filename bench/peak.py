@@ -36,10 +36,6 @@ import tempfile
 from bench import common
 from bench import peers
 
-# Computation headers, instructions and calls: common's HLO patterns.
-_OPERAND = re.compile(r"%([\w.\-]+)")
-_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
-_FRAME = re.compile(r"stack_frame_id=(\d+)")
 _LOW = ("bf16", "f16")
 # Ops that move or re-type a value without computing it.
 _MOVES = {"convert", "bitcast", "copy", "reshape", "transpose", "broadcast",
@@ -51,65 +47,39 @@ def _element(type_text: str) -> str:
 
 
 def parse_hlo(text: str) -> dict:
-  """Instructions by computation, each with type, opcode, operands, called
-  computation, op_name and stack frame; plus the stack-frame tables."""
-  comps: dict[str, dict] = {}
-  roots: dict[str, str] = {}
-  entry = None
-  current = None
-  section = None
+  """Instructions by computation, each with shape, type, opcode, operands,
+  called computation, op_name and stack frame; plus the stack-frame
+  tables."""
+  module = common.hlo_reader().Module.parse(text)
   tables = {"FileNames": {}, "FunctionNames": {}, "FileLocations": {},
             "StackFrames": {}}
+  section = None
   for line in text.splitlines():
     if line in tables:
       section = line
-      continue
-    if section and re.match(r"^\d+ ", line):
+    elif section and re.match(r"^\d+ ", line):
       key, _, value = line.partition(" ")
       tables[section][int(key)] = value
-      continue
-    section = None
-    header = common._HEADER.match(line)
-    if header and " = " not in line.split("(")[0]:
-      current = header.group(1)
-      comps[current] = {}
-      if line.startswith("ENTRY"):
-        entry = current
-      continue
-    match = common._INSTR.match(line)
-    if not match or current is None:
-      continue
-    name, rest = match.group(1), line[match.end():]
-    if rest.startswith("("):
-      inner, end = common._balanced(rest, 0)
-      result_type, rest = "(" + inner + ")", rest[end:].lstrip()
     else:
-      result_type, _, rest = rest.partition(" ")
-    opcode_match = re.match(r"([\w\-]+)\(", rest)
-    if not opcode_match:
-      continue
-    operands_text, end = common._balanced(rest, opcode_match.end() - 1)
-    after = rest[end:]
-    calls = common._CALLS.search(after)
-    op_name = _OP_NAME.search(after)
-    frame = _FRAME.search(after)
-    comps[current][name] = {
-        "type": result_type, "opcode": opcode_match.group(1),
-        "operands": _OPERAND.findall(operands_text),
-        "index": (int(operands_text) if opcode_match.group(1) == "parameter"
-                  and operands_text.strip().isdigit() else None),
-        "calls": calls.group(1) if calls else None,
-        "op_name": op_name.group(1) if op_name else "",
-        "frame": int(frame.group(1)) if frame else None}
-    if match.group(1):
-      roots[current] = name
+      section = None
+  comps = {
+      computation.name: {
+          ins.name: {"shape": ins.shape, "type": ins.shape.text,
+                     "opcode": ins.opcode, "operands": list(ins.operands),
+                     "index": ins.parameter_number,
+                     "calls": ins.calls[0] if ins.calls else None,
+                     "op_name": ins.op_name, "frame": ins.stack_frame_id}
+          for ins in computation.instructions}
+      for computation in module.computations.values()}
+  roots = {c.name: c.root.name for c in module.computations.values()
+           if c.root is not None}
   callers = {}
   for comp, instrs in comps.items():
     for name, ins in instrs.items():
       if ins["calls"]:
         callers[ins["calls"]] = (comp, name)
-  return {"comps": comps, "roots": roots, "entry": entry, "callers": callers,
-          "tables": tables}
+  return {"comps": comps, "roots": roots, "entry": module.entry.name,
+          "callers": callers, "tables": tables}
 
 
 def frame_source(hlo: dict, frame: int | None) -> tuple[str, int, str]:
@@ -238,11 +208,11 @@ def classify(hlo: dict, value: str) -> dict:
   if ins is None:
     return {"group": "?", "pass": "?", "dtype": "?", "how": ""}
   type_text = ins["type"]
-  if type_text.startswith("(") and index:
-    parts = common._split_top(type_text[1:-1])
+  if ins["shape"].is_tuple and index:
+    elements = ins["shape"].elements
     position = int(index.split(",")[0])
-    if position < len(parts):
-      type_text = parts[position]
+    if position < len(elements):
+      type_text = elements[position].text
   dtype = _element(type_text)
   if ins["opcode"] == "parameter":
     return {"group": f"argument: {_argument_kind(ins)}", "pass": "argument",

@@ -284,8 +284,8 @@ void Fp8GemmsPass::replaceWithFp8Dot(OpBuilder &builder, Operation *dot,
   if (resultType.getElementType() != f32Result.getElementType())
     result = shlo::buildConvert(builder, loc, result,
                                 resultType.getElementType());
-  shlo::setFrontendAttribute(product.getDefiningOp(), attr::kFp8Marker,
-                             std::to_string(fp8DotCount++));
+  shlo::markDecision(product.getDefiningOp(), attr::kFp8Marker,
+                     fp8DotCount++);
   dot->getResult(0).replaceAllUsesWith(result);
   dot->erase();
 }

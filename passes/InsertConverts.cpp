@@ -305,8 +305,7 @@ void ConvertRewriter::storeLow() {
     Value value = stored;
     Type lowType = shlo::withElementType(value.getType(), compute);
     Value low = convertOnce(value, lowType);
-    shlo::setFrontendAttribute(low.getDefiningOp(), attr::kStoredMarker,
-                               std::to_string(index));
+    shlo::markDecision(low.getDefiningOp(), attr::kStoredMarker, index);
     builder.setInsertionPointAfter(low.getDefiningOp());
     Value held = shlo::buildOptimizationBarrier(builder, value.getLoc(),
                                                 ValueRange{low})

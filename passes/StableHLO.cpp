@@ -270,6 +270,20 @@ void shlo::setFrontendAttribute(Operation *op, llvm::StringRef key,
   op->setAttr(kFrontendAttributes, entries.getDictionary(op->getContext()));
 }
 
+void shlo::markDecision(Operation *op, llvm::StringRef key, int64_t index) {
+  std::string tag = std::to_string(index);
+  setFrontendAttribute(op, key, tag);
+  tag = ("[" + key + "=" + tag + "]").str();
+  MLIRContext *context = op->getContext();
+  Location loc = op->getLoc();
+  if (auto named = dyn_cast<NameLoc>(loc))
+    op->setLoc(NameLoc::get(
+        StringAttr::get(context, named.getName().str() + tag),
+        named.getChildLoc()));
+  else
+    op->setLoc(NameLoc::get(StringAttr::get(context, tag), loc));
+}
+
 unsigned shlo::numReducedInputs(Operation *op) {
   // reduce/reduce_window: N inputs then N init values; scatter: N inputs,
   // the indices, then N updates.

@@ -98,6 +98,12 @@ llvm::StringRef compositeName(Operation *op);
 /// which is how a decision can be found again after XLA is done.
 void setFrontendAttribute(Operation *op, llvm::StringRef key,
                           llvm::StringRef value);
+/// Marks `op` as decision `index` of kind `key` for the compiled program:
+/// the XLA frontend attribute `key = "index"`, and `[key=index]` after the
+/// last part of its location's name, which XLA carries as the op_name of
+/// every instruction made from it (frontend attributes are lost where
+/// layout normalization moves them onto a bitcast that is then folded).
+void markDecision(Operation *op, llvm::StringRef key, int64_t index);
 
 //===----------------------------------------------------------------------===//
 // Operand roles

@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import stablehlo_amp as amp
+from stablehlo_amp._src import hlo
 
 
 def model(w, x):
@@ -37,9 +38,9 @@ def _shardings(line: str) -> list[str]:
 
 def _collectives(hlo_text: str) -> dict[str, int]:
   """How many of each collective the partitioned executable runs."""
-  return {name: len(re.findall(rf"\b{name}(?:-start)?\(", hlo_text))
-          for name in ("all-gather", "all-reduce", "reduce-scatter",
-                       "all-to-all", "collective-permute")}
+  found = hlo.Module.parse(hlo_text).collectives()
+  return {kind: sum(c.kind == kind for c in found)
+          for kind in hlo.COLLECTIVE_KINDS}
 
 
 def _spec(array) -> list:

@@ -29,6 +29,7 @@ from jax._src.interpreters import mlir as jax_mlir
 from jax.extend.mlir import ir
 
 import stablehlo_amp as amp
+from stablehlo_amp._src import hlo
 from mlir_checks import duplicate_converts, functions, walk
 from programs import (ADAM_LR, FIGURES, PROGRAMS, PROGRAMS_BY_NAME, Figures,
                       Program, first_line, compute_dtype_name,
@@ -198,106 +199,29 @@ class HloDot:
             f"{self.lhs.upper()} x {self.rhs.upper()} = {self.result.upper()}")
 
 
-_COMPUTATION = re.compile(
-    r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)\s*\(.*\)\s*->\s*.*\{\s*$")
-_INSTRUCTION = re.compile(
-    r"^\s*(?:ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*(?P<shape>.+?)\s+"
-    r"(?P<opcode>[a-z][a-z0-9\-]*)\((?P<rest>.*)$")
-_ELEMENT = re.compile(r"^\(?\s*(?P<type>[a-z][a-z0-9]*)\[")
-_COMMENT = re.compile(r"/\*.*?\*/")
-_CALLEE = re.compile(
-    r"\b(?:calls|to_apply|body|condition|true_computation|false_computation|"
-    r"branch_computations|called_computations)=\{?(?P<names>[^}=]*?)\}?"
-    r"(?=,\s*[a-z_]+=|$)")
-# A YNN fusion: `fusion(...), kind=kCustom, calls=%c,
-# backend_config={"fusion_config":{"kind":"__ynn_fusion"},...}`.
-_YNN_KIND = re.compile(r'"kind"\s*:\s*"[^"]*ynn[^"]*"', re.IGNORECASE)
-
-
-def _split_operands(rest: str) -> tuple[list[str], str]:
-  """Top-level operands of `op(a, b), attrs` given `a, b), attrs`."""
-  depth, current, operands = 0, [], []
-  for i, ch in enumerate(rest):
-    if ch in "([{":
-      depth += 1
-    elif ch in ")]}":
-      if depth == 0:
-        operands.append("".join(current).strip())
-        return [o for o in operands if o], rest[i + 1:]
-      depth -= 1
-    if ch == "," and depth == 0:
-      operands.append("".join(current).strip())
-      current = []
-    else:
-      current.append(ch)
-  raise ValueError(f"unbalanced operand list: {rest[:200]}")
-
-
-def _element(shape: str) -> str:
-  match = _ELEMENT.match(shape.strip())
-  return match["type"] if match else shape.strip()
-
-
 def hlo_dots(hlo_text: str) -> list[HloDot]:
   """Every `dot(` of an HLO module (`compiled.as_text()`), with its element
   types and whether it runs inside a YNN fusion (reached, directly or through
   nested calls, from a fusion whose backend config kind names ynn)."""
-  computations: dict[str, list[tuple[str, str, str, str]]] = {}
-  shapes: dict[str, str] = {}
-  current = None
-  for line in hlo_text.splitlines():
-    if current is None:
-      match = _COMPUTATION.match(line)
-      if match and not line.startswith(("HloModule", " ")):
-        current = match["name"]
-        computations[current] = []
-      continue
-    if line.strip() == "}":
-      current = None
-      continue
-    match = _INSTRUCTION.match(_COMMENT.sub("", line))
-    if match:
-      name = match["name"]
-      shapes[name] = match["shape"]
-      computations[current].append((name, match["shape"], match["opcode"],
-                                    match["rest"]))
-  # Call graph and YNN roots.
-  callees: dict[str, set[str]] = {c: set() for c in computations}
-  ynn: set[str] = set()
-  for comp, instructions in computations.items():
-    for _, _, opcode, rest in instructions:
-      _, attrs = _split_operands(rest)
-      called = set()
-      for match in _CALLEE.finditer(attrs):
-        called |= {n.strip().lstrip("%") for n in match["names"].split(",")
-                   if n.strip()}
-      called &= computations.keys()
-      callees[comp] |= called
-      if opcode == "fusion" and _YNN_KIND.search(attrs):
-        ynn |= called
-  pending = list(ynn)
-  while pending:
-    for callee in callees[pending.pop()]:
-      if callee not in ynn:
-        ynn.add(callee)
-        pending.append(callee)
+  module = hlo.Module.parse(hlo_text)
+  ynn_bodies = [callee for c in module.computations.values()
+                for ins in c.instructions
+                if ins.opcode == "fusion" and "ynn" in ins.backend_kind.lower()
+                for callee in ins.called_computations]
+  ynn = {c.name for c in module.reachable(ynn_bodies)}
   dots = []
-  for comp, instructions in computations.items():
-    for name, shape, opcode, rest in instructions:
-      if opcode != "dot":
+  for computation in module.computations.values():
+    for ins in computation.instructions:
+      if ins.opcode != "dot":
         continue
-      operands, _ = _split_operands(rest)
-      if len(operands) != 2:
-        raise ValueError(f"dot %{name} with {len(operands)} operands")
-      types = []
-      for operand in operands:
-        parts = operand.split()
-        if len(parts) > 1:           # typed operand: `bf16[8,16]{1,0} %x`
-          types.append(_element(parts[0]))
-        else:
-          types.append(_element(shapes[parts[0].lstrip("%")]))
-      dots.append(HloDot(comp, name, types[0], types[1], _element(shape),
-                         comp in ynn))
+      if len(ins.operands) != 2:
+        raise ValueError(f"dot %{ins.name} with {len(ins.operands)} operands")
+      shapes = computation.operand_shapes(ins)
+      if None in shapes:
+        raise ValueError(f"dot %{ins.name}: an operand's type is unknown")
+      lhs, rhs = (shape.element_type for shape in shapes)
+      dots.append(HloDot(computation.name, ins.name, lhs, rhs,
+                         ins.shape.element_type, computation.name in ynn))
   return dots
 
 

@@ -15,7 +15,7 @@ import pytest
 from jax.extend.mlir import ir
 
 import stablehlo_amp as amp
-from stablehlo_amp._src import jax_compat
+from stablehlo_amp._src import hlo, jax_compat
 from stablehlo_amp._src import pipeline as amp_pipeline
 from jax_events import duration_events
 from mlir_checks import walk
@@ -699,19 +699,10 @@ def test_the_cpu_target_defaults_to_o1_and_gpu_to_o2():
 
 def _library_fusion_ops(hlo_text: str) -> set[str]:
   """The ops inside XLA:CPU's YNNPACK library fusions of a compiled text."""
-  bodies, current = {}, None
-  for line in hlo_text.splitlines():
-    if line.rstrip().endswith("{") and not line.startswith(" "):
-      current = bodies.setdefault(line.split()[0].lstrip("%"), [])
-    elif current is not None:
-      op = re.search(r"= \S+ ([a-z][\w-]*)\(", line)
-      if op:
-        current.append(op.group(1))
-  ops = set()
-  for line in hlo_text.splitlines():
-    if '"__ynn_fusion"' in line:
-      ops.update(bodies[re.search(r"calls=%?([\w.-]+)", line).group(1)])
-  return ops
+  module = hlo.Module.parse(hlo_text)
+  return {ins.opcode for name, computation in module.computations.items()
+          if module.fusion_kind(name) == "__ynn_fusion"
+          for ins in computation.instructions}
 
 
 def _softmax_block(w, x):

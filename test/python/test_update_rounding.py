@@ -12,6 +12,7 @@ import optax
 import pytest
 
 import stablehlo_amp as amp
+from stablehlo_amp._src import hlo
 from stablehlo_amp._src.training import _encode_f8 as encode_f8
 
 BF16 = "p=bf16,c=bf16,o=f32"
@@ -537,65 +538,32 @@ def test_f8_second_moments_are_never_flushed_to_zero():
 # -- what XLA:CPU makes of a low-precision step --------------------------------
 
 
-def _entry(hlo_text: str) -> tuple[str, dict[str, str]]:
-  """The ENTRY computation of a compiled module and its fused computations
-  by name."""
-  computations, name, lines = {}, None, []
-  for line in hlo_text.splitlines():
-    if line.startswith("%") or line.startswith("ENTRY"):
-      name, lines = line.split()[1 if line.startswith("ENTRY") else 0], [line]
-    elif name is not None:
-      lines.append(line)
-      if line.startswith("}"):
-        computations[name.lstrip("%")] = "\n".join(lines)
-        name = None
-  entry = next(text for text in computations.values()
-               if text.startswith("ENTRY"))
-  return entry, computations
-
-
 def _dot_operand_types(hlo_text: str) -> list[tuple[str, ...]]:
   """Element types of the operands of every dot XLA:CPU runs: plain `dot`s
   and the dots inside its YNNPACK fusions."""
-  _, computations = _entry(hlo_text)
-  types = []
-  for body in computations.values():
-    element = {}
-    for line in body.splitlines():
-      if " = " not in line:
-        continue
-      name, rest = line.strip().split(" = ", 1)
-      element[name.removeprefix("ROOT ")] = rest.split("[", 1)[0]
-      if " dot(" in rest:
-        operands = rest.split(" dot(", 1)[1].split(")", 1)[0].split(", ")
-        types.append(tuple(element.get(o, "?") for o in operands))
-  return types
+  module = hlo.Module.parse(hlo_text)
+  return [tuple(shape.element_type if shape else "?"
+                for shape in computation.operand_shapes(ins))
+          for computation in module.computations.values()
+          for ins in computation.instructions if ins.opcode == "dot"]
 
 
 def _copies_of_state(hlo_text: str) -> list[str]:
   """Instructions of the entry computation that only copy a state argument
   into a buffer of their own: a `copy` of it, or a fusion of it alone made
   of bitcasts and copies."""
-  entry, computations = _entry(hlo_text)
+  module = hlo.Module.parse(hlo_text)
   found = []
-  for line in entry.splitlines():
-    line = line.strip()
-    for kind in (" copy(%state_", " fusion(%state_"):
-      if kind not in line:
-        continue
-      operands = line.split(kind[:-7] if kind.startswith(" copy") else
-                            " fusion(", 1)[1].split(")", 1)[0]
-      if "," in operands:
-        continue
-      if kind == " copy(%state_":
-        found.append(line.split(" = ")[0])
-        continue
-      called = line.split("calls=%", 1)[1].split(",")[0].split()[0]
-      body = computations.get(called, "")
-      ops = {op.split("(")[0].split()[-1] for op in body.splitlines()[1:-1]
-             if " = " in op}
-      if ops <= {"parameter", "bitcast", "copy"}:
-        found.append(line.split(" = ")[0])
+  for ins in module.entry.instructions:
+    if len(ins.operands) != 1 or not ins.operands[0].startswith("state_"):
+      continue
+    if ins.opcode == "copy":
+      found.append(ins.name)
+    elif ins.opcode == "fusion":
+      body = module.computations[ins.calls[0]]
+      if {i.opcode for i in body.instructions} <= {"parameter", "bitcast",
+                                                   "copy"}:
+        found.append(ins.name)
   return found
 
 

@@ -730,7 +730,12 @@ class Lowered:
             "outputs": memory.output_size_in_bytes,
             "aliased": memory.alias_size_in_bytes,
             "temporaries": memory.temp_size_in_bytes})
-      report = report.with_compiled(self._compiled.as_text())
+      try:
+        report = report.with_compiled(self._compiled.as_text())
+      except ValueError as error:  # XLA printed what hlo.py cannot read
+        warnings.warn("stablehlo-amp: cannot read XLA's optimized program "
+                      f"to check what it kept of the decisions ({error}); "
+                      "the executable itself is fine", stacklevel=3)
     return report
 
   @property

@@ -16,8 +16,13 @@ program's text says for each decision whether it survived:
   widened from FP8 values kept the FP8 rounding (XLA:CPU has no FP8 GEMM:
   EMULATED); one whose operands are no FP8 values lost it (UPCAST).
 
-The parser reads the text `Compiled.as_text()` prints; it needs instruction
-names, shapes, operands, `calls=` and frontend attributes, nothing else.
+In an SPMD-partitioned program a stored value may cross devices: a
+collective that carries the marker, or moves the low-precision value, is
+read like any other instruction (an async `-start` by its result), and a
+value XLA:CPU widens to f32 only to move it, narrowing it back after the
+collective, is KEPT: the buffer the program reads is low-precision.
+
+hlo.py reads the text `Compiled.as_text()` prints.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import dataclasses
 import re
 from typing import Iterable, Mapping
 
-from stablehlo_amp._src import contract
+from stablehlo_amp._src import contract, hlo
 
 # Statuses of one decision in the compiled program.
 KEPT = "kept"                # stored value: a low-precision buffer
@@ -40,89 +45,36 @@ DROPPED = "dropped"          # the marked instruction is gone
 # What counts as an FP8 decision XLA kept.
 KEPT_FP8 = (FP8_GEMM, EMULATED)
 
-_LOW_FLOATS = ("bf16", "f16")
-_FP8 = re.compile(r"\bf8e\w+\[")
-_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s+(ROOT )?%?([\w.\-]+) = (.*)$")
-_CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
-_TARGET = re.compile(r'custom_call_target="([^"]*)"')
-_OPERAND = re.compile(r"%([\w.\-]+)")
 # Ops that re-view a fusion output without computing it.
 _VIEWS = ("bitcast", "copy", "reshape", "transpose", "tuple",
           "get-tuple-element")
+# Those of them that keep one array one array.
+_ARRAY_VIEWS = ("bitcast", "copy", "reshape", "transpose")
 
 
-@dataclasses.dataclass
-class _Instruction:
-  name: str
-  shape: str
-  opcode: str
-  operands: list[str]
-  attributes: str
-  root: bool
-  parameter: int | None = None  # N of `parameter(N)`
-
-
-def _split_shape(rest: str) -> tuple[str, str]:
-  """`(f32[2], bf16[3]) tuple(...)` -> the shape and what follows it."""
-  if rest.startswith("("):
-    depth = 0
-    for i, char in enumerate(rest):
-      depth += char == "("
-      depth -= char == ")"
-      if depth == 0:
-        return rest[:i + 1], rest[i + 1:].lstrip()
-  shape, _, after = rest.partition(" ")
-  return shape, after
-
-
-def _parse_instruction(line: str) -> _Instruction | None:
-  match = _INSTRUCTION.match(line)
-  if not match:
-    return None
-  shape, after = _split_shape(match.group(3))
-  opcode, _, tail = after.partition("(")
-  depth, end = 1, len(tail)
-  for i, char in enumerate(tail):
-    depth += char == "("
-    depth -= char == ")"
-    if depth == 0:
-      end = i
-      break
-  opcode = opcode.strip()
-  inside = tail[:end]
-  return _Instruction(match.group(2), shape, opcode, _OPERAND.findall(inside),
-                      tail[end + 1:], bool(match.group(1)),
-                      int(inside) if opcode == "parameter" and
-                      inside.isdigit() else None)
-
-
-def _computations(hlo_text: str) -> dict[str, list[_Instruction]]:
-  computations: dict[str, list[_Instruction]] = {}
-  current: list[_Instruction] | None = None
-  for line in hlo_text.splitlines():
-    header = _HEADER.match(line)
-    if header and not line.startswith(" "):
-      current = computations.setdefault(header.group(1), [])
-    elif line.startswith("}"):
-      current = None
-    elif current is not None:
-      instruction = _parse_instruction(line)
-      if instruction is not None:
-        current.append(instruction)
-  return computations
-
-
-def _marker_values(attributes: str, key: str) -> list[int]:
-  return [int(v) for v in re.findall(rf'\b{re.escape(key)}="(\d+)"',
-                                     attributes)]
+def _markers(ins: hlo.Instruction, key: str) -> list[int]:
+  """The decision indices `ins` is marked with: its frontend attribute
+  `key` (a comma-separated list where XLA combined marked instructions,
+  such as collectives), else `[key=N]` in its op_name (the passes set both;
+  an instruction layout normalization rebuilds keeps the op_name, and the
+  attribute may have gone with a folded bitcast)."""
+  value = ins.frontend_attributes.get(key)
+  if value is None:
+    return [int(n) for n in
+            re.findall(rf"\[{re.escape(key)}=(\d+)\]", ins.op_name or "")]
+  indices = value.split(",")
+  if not all(index.strip().isdigit() for index in indices):
+    raise ValueError(f"%{ins.name}: frontend attribute {key}={value!r} is "
+                     "not a list of decision indices")
+  return [int(index) for index in indices]
 
 
 @dataclasses.dataclass(frozen=True)
 class Survival:
   """For each marked decision (by its index in program order), its status
   in the compiled program: `stored` maps stored values to KEPT, FUSED_AWAY
-  or DROPPED; `fp8` maps FP8 dots to FP8_GEMM, UPCAST or DROPPED."""
+  or DROPPED; `fp8` maps FP8 dots to FP8_GEMM, EMULATED, UPCAST or
+  DROPPED."""
   stored: Mapping[int, str]
   fp8: Mapping[int, str]
 
@@ -137,62 +89,58 @@ class Survival:
 
 
 class _Program:
-  """The computations of a compiled program, and who calls each fusion."""
+  """A compiled program, and who calls each fusion."""
 
-  def __init__(self, hlo_text: str):
-    self.computations = _computations(hlo_text)
-    self.by_name = {name: {ins.name: ins for ins in instructions}
-                    for name, instructions in self.computations.items()}
+  def __init__(self, module: hlo.Module):
+    self.module = module
     # fused computation -> [(calling computation, fusion instruction)]
-    self.callers: dict[str, list[tuple[str, _Instruction]]] = {}
-    for name, instructions in self.computations.items():
-      for ins in instructions:
-        called = _CALLS.search(ins.attributes)
-        if ins.opcode == "fusion" and called:
-          self.callers.setdefault(called.group(1), []).append((name, ins))
+    self.callers = module.fusion_callers
 
-  def root(self, computation: str) -> _Instruction | None:
-    return next((ins for ins in self.computations.get(computation, ())
-                 if ins.root), None)
+  def _body(self, fusion: hlo.Instruction
+            ) -> tuple[hlo.Computation, hlo.Instruction] | None:
+    """The computation a fusion runs and its root."""
+    body = (self.module.computations.get(fusion.calls[0])
+            if fusion.opcode == "fusion" and fusion.calls else None)
+    root = body.root if body else None
+    return (body, root) if root else None
 
-  def producers(self, computation: str, name: str,
-                depth: int = 0) -> list[_Instruction]:
+  def producers(self, computation: hlo.Computation, name: str,
+                depth: int = 0
+                ) -> list[tuple[hlo.Computation, hlo.Instruction]]:
     """What computes value `name` of `computation`: through views, fusion
     parameters (to the fusion's operand in its callers) and fusions (to
     their root)."""
-    ins = self.by_name.get(computation, {}).get(name)
+    ins = computation.get(name)
     if ins is None or depth > 32:
       return []
     if ins.opcode in _VIEWS and ins.operands:
       return self.producers(computation, ins.operands[0], depth + 1)
-    if ins.parameter is not None:
-      return [p for caller, fusion in self.callers.get(computation, ())
-              if ins.parameter < len(fusion.operands)
-              for p in self.producers(caller, fusion.operands[ins.parameter],
-                                      depth + 1)]
-    called = _CALLS.search(ins.attributes)
-    if ins.opcode == "fusion" and called:
-      root = self.root(called.group(1))
-      return (self.producers(called.group(1), root.name, depth + 1)
-              if root else [])
+    if ins.parameter_number is not None:
+      return [p for caller, fusion in self.callers.get(computation.name, ())
+              if ins.parameter_number < len(fusion.operands)
+              for p in self.producers(
+                  caller, fusion.operands[ins.parameter_number], depth + 1)]
+    if ins.opcode == "fusion" and ins.calls:
+      body = self._body(ins)
+      return self.producers(body[0], body[1].name, depth + 1) if body else []
     return [(computation, ins)]
 
-  def is_fp8_gemm(self, computation: str, ins: _Instruction) -> bool:
+  def is_fp8_gemm(self, computation: hlo.Computation,
+                  ins: hlo.Instruction) -> bool:
     """A dot whose operands are FP8, or a cuBLASLt FP8 GEMM call; a
     reduction of one (XLA's split-K GEMM adds up partial products)."""
     if ins.opcode == "custom-call":
-      target = _TARGET.search(ins.attributes)
-      return bool(target) and "f8" in target.group(1)
+      return "f8" in (ins.custom_call_target or "")
     if ins.opcode == "dot":
-      shapes = [self.by_name[computation][o].shape for o in ins.operands
-                if o in self.by_name[computation]]
+      shapes = [s for s in computation.operand_shapes(ins) if s is not None]
       return bool(shapes) and all(_is_fp8(s) for s in shapes)
     if ins.opcode == "reduce" and ins.operands:
       return any(self.is_fp8_gemm(c, p)
                  for c, p in self.producers(computation, ins.operands[0]))
     return False
 
-  def widens_fp8(self, computation: str, ins: _Instruction) -> bool:
+  def widens_fp8(self, computation: hlo.Computation,
+                 ins: hlo.Instruction) -> bool:
     """A dot (or split-K reduction of one) each of whose operands is an FP8
     value that XLA converted to a wider type, or such a widened value."""
     if ins.opcode == "reduce" and ins.operands:
@@ -203,33 +151,107 @@ class _Program:
           self._from_fp8(computation, o) for o in ins.operands)
     # XLA:CPU widens the dot's operands with converts that carry the dot's
     # attributes; an FP8 value widened is the FP8 rounding kept.
-    return ins.opcode != "dot" and self._from_fp8(computation, ins.name)
+    return self._from_fp8(computation, ins.name)
 
-  def _from_fp8(self, computation: str, name: str, depth: int = 0) -> bool:
+  def _from_fp8(self, computation: hlo.Computation, name: str,
+                depth: int = 0) -> bool:
     """Whether value `name` is an FP8 value, or one converted (or viewed)
     from one, through fusion parameters and fusions."""
-    ins = self.by_name.get(computation, {}).get(name)
+    ins = computation.get(name)
     if ins is None or depth > 32:
       return False
     if _is_fp8(ins.shape):
       return True
     if ins.opcode in _VIEWS + ("convert",) and ins.operands:
       return self._from_fp8(computation, ins.operands[0], depth + 1)
-    if ins.parameter is not None:
-      return any(self._from_fp8(caller, fusion.operands[ins.parameter],
+    if ins.parameter_number is not None:
+      return any(self._from_fp8(caller, fusion.operands[ins.parameter_number],
                                 depth + 1)
-                 for caller, fusion in self.callers.get(computation, ())
-                 if ins.parameter < len(fusion.operands))
-    called = _CALLS.search(ins.attributes)
-    if ins.opcode == "fusion" and called:
-      root = self.root(called.group(1))
-      return bool(root) and self._from_fp8(called.group(1), root.name,
-                                           depth + 1)
+                 for caller, fusion in self.callers.get(computation.name, ())
+                 if ins.parameter_number < len(fusion.operands))
+    if ins.opcode == "fusion" and ins.calls:
+      body = self._body(ins)
+      return bool(body) and self._from_fp8(body[0], body[1].name, depth + 1)
+    return False
+
+  def moved_widened(self, computation: hlo.Computation,
+                    ins: hlo.Instruction) -> bool:
+    """Whether fused low-precision value `ins`, no output of its fusion,
+    leaves the fusion only widened (the root is `ins` converted to a wider
+    type, through views), into a collective whose result is narrowed back
+    to the type of `ins`. XLA:CPU moves bf16 and f16 values between devices
+    that way: the low-precision buffer is the collective's narrowed result,
+    the value a sharded program reads."""
+    widened = _under_views(computation, computation.root)
+    if (widened is None or widened.opcode != "convert" or
+        widened.shape.dtype not in ("f32", "f64") or
+        _under_views(computation, computation.get(widened.operands[0]))
+        is not ins):
+      return False
+    return any(
+        user.collective_kind is not None and
+        self._narrowed_back(caller, user, ins.result.dtype)
+        for caller, fusion in self.callers.get(computation.name, ())
+        for user, _ in _view_users(caller, fusion))
+
+  def _narrowed_back(self, computation: hlo.Computation,
+                     collective: hlo.Instruction, dtype: str) -> bool:
+    """Whether a reader of the collective's result (its `-done`'s, if it is
+    asynchronous) converts it to `dtype`: a convert, or a fusion whose
+    root is that convert of the value."""
+    results = ([collective] if not collective.opcode.endswith("-start") else
+               [u for u in computation.users.get(collective.name, ())
+                if u.opcode.endswith("-done")])
+    for result in results:
+      for user, operand in _view_users(computation, result):
+        if user.opcode == "convert" and user.shape.dtype == dtype:
+          return True
+        body = self._body(user)
+        convert = _under_views(*body) if body else None
+        if (convert is None or convert.opcode != "convert" or
+            convert.shape.dtype != dtype):
+          continue
+        read = _under_views(body[0], body[0].get(convert.operands[0]))
+        number = read.parameter_number if read is not None else None
+        if (number is not None and number < len(user.operands) and
+            user.operands[number] == operand):
+          return True
     return False
 
 
-def _is_fp8(shape: str) -> bool:
-  return bool(_FP8.match(shape))
+def _under_views(computation: hlo.Computation,
+                 ins: hlo.Instruction | None) -> hlo.Instruction | None:
+  """The instruction `ins` re-views (through bitcasts, copies, reshapes and
+  transposes), or `ins` itself."""
+  while ins is not None and ins.opcode in _ARRAY_VIEWS and ins.operands:
+    ins = computation.get(ins.operands[0])
+  return ins
+
+
+def _view_users(computation: hlo.Computation, ins: hlo.Instruction
+                ) -> list[tuple[hlo.Instruction, str]]:
+  """The instructions that read the value of `ins` other than to re-view
+  it, each with the name of the operand (`ins` or a view of it) it reads."""
+  found, pending = [], [ins]
+  while pending:
+    value = pending.pop()
+    for user in computation.users.get(value.name, ()):
+      if user.opcode in _ARRAY_VIEWS:
+        pending.append(user)
+      else:
+        found.append((user, value.name))
+  return found
+
+
+def _is_fp8(shape: hlo.Shape) -> bool:
+  return not shape.is_tuple and hlo.is_fp8(shape.dtype)
+
+
+def _is_low(ins: hlo.Instruction) -> bool:
+  """Whether the value `ins` produces (an async collective's result, not
+  its operands) is bf16 or f16 arrays."""
+  types = ins.result.element_types
+  return bool(types) and all(t in hlo.LOW_FLOATS for t in types)
 
 
 def read(hlo_text: str, stored: Iterable[int] = (),
@@ -237,7 +259,7 @@ def read(hlo_text: str, stored: Iterable[int] = (),
   """The status of stored values `stored` and FP8 dots `fp8` (marker
   indices; a decision whose marker is missing is DROPPED) in `hlo_text`,
   the optimized program `Compiled.as_text()` prints."""
-  program = _Program(hlo_text)
+  program = _Program(hlo.Module.parse(hlo_text))
   stored_marker = contract.attribute("stored_marker")
   fp8_marker = contract.attribute("fp8_marker")
   stored_status = {i: DROPPED for i in stored}
@@ -249,34 +271,39 @@ def read(hlo_text: str, stored: Iterable[int] = (),
     if index in table and rank[status] > rank[table[index]]:
       table[index] = status
 
-  for name, instructions in program.computations.items():
-    outputs = (_fusion_outputs(instructions) if name in program.callers
-               else None)
-    for ins in instructions:
-      for index in _marker_values(ins.attributes, stored_marker):
-        low = ins.shape.split("[")[0] in _LOW_FLOATS
-        materialized = outputs is None or ins.name in outputs
-        note(stored_status, index,
-             KEPT if low and materialized else FUSED_AWAY if low else DROPPED)
-      for index in _marker_values(ins.attributes, fp8_marker):
-        note(fp8_status, index,
-             FP8_GEMM if program.is_fp8_gemm(name, ins) else
-             EMULATED if program.widens_fp8(name, ins) else UPCAST)
+  for computation in program.module.computations.values():
+    outputs = (_fusion_outputs(computation)
+               if computation.name in program.callers else None)
+    for ins in computation.instructions:
+      indices = _markers(ins, stored_marker)
+      if indices:
+        low = _is_low(ins)
+        materialized = (outputs is None or ins.name in outputs or
+                        (low and program.moved_widened(computation, ins)))
+        for index in indices:
+          note(stored_status, index, KEPT if low and materialized else
+               FUSED_AWAY if low else DROPPED)
+      indices = _markers(ins, fp8_marker)
+      if indices:
+        status = (FP8_GEMM if program.is_fp8_gemm(computation, ins) else
+                  EMULATED if program.widens_fp8(computation, ins) else
+                  UPCAST)
+        for index in indices:
+          note(fp8_status, index, status)
   return Survival(stored_status, fp8_status)
 
 
-def _fusion_outputs(instructions: list[_Instruction]) -> set[str]:
+def _fusion_outputs(computation: hlo.Computation) -> set[str]:
   """The instructions of a fused computation whose values leave it: the
   root and, through tuples and views, what the root is made of."""
-  by_name = {ins.name: ins for ins in instructions}
-  root = next((ins for ins in instructions if ins.root), None)
   outputs: set[str] = set()
-  pending = [root] if root else []
+  pending = [computation.root] if computation.root else []
   while pending:
     ins = pending.pop()
     if ins.name in outputs:
       continue
     outputs.add(ins.name)
     if ins.opcode in _VIEWS:
-      pending.extend(by_name[o] for o in ins.operands if o in by_name)
+      pending.extend(computation.by_name[o] for o in ins.operands
+                     if o in computation.by_name)
   return outputs

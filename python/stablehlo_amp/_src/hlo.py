@@ -1,0 +1,493 @@
+"""A typed model of XLA's optimized HLO text (`Compiled.as_text()`).
+
+The text is XLA's human-readable print of the program it compiled, not a
+stable format, and several readers need it: survival.py (what XLA kept of
+the pass's decisions), the benchmarks (dots, kernels, collectives) and the
+tests of the executable. They all read it here, so that a change of XLA's
+printer is one fix.
+
+    module = Module.parse(compiled.as_text())
+    module.entry.root.opcode              # 'tuple'
+    module.collective_bytes()             # {('all-gather', 'bf16'): 4096}
+
+Shapes are what the text says: in an SPMD-partitioned program, the shape
+of one device's part. The module imports the standard library only:
+bench/common.py loads it by path where the package does not import
+(bench/gpu.py's fallback on a machine that has only JAX).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from typing import Iterable, Mapping
+
+# Bytes per element, XLA's names. Sub-byte types (s4, u4, f4e2m1fn...) are
+# left out: their size depends on the layout's packing.
+DTYPE_BYTES: Mapping[str, int] = {
+    "pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "s32": 4, "u32": 4,
+    "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8,
+    "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e3m4": 1,
+    "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e4m3b11fnuz": 1, "f8e8m0fnu": 1,
+    "token": 0,
+}
+LOW_FLOATS = ("bf16", "f16")
+
+
+def is_fp8(dtype: str | None) -> bool:
+  """Whether `dtype` is one of XLA's 8-bit floats (f8e4m3fn, f8e5m2...)."""
+  return dtype is not None and dtype.startswith("f8")
+
+
+# The collectives whose traffic is counted, and what each moves per device:
+# an all-gather its result (what it assembles), the others their operands.
+COLLECTIVE_KINDS = ("all-gather", "all-reduce", "reduce-scatter",
+                    "all-to-all", "collective-permute")
+# Instructions of ENTRY that launch no work of their own.
+_NOT_KERNELS = ("parameter", "constant", "bitcast", "get-tuple-element",
+                "tuple", "opt-barrier")
+# Attributes that name computations an instruction runs.
+_CALLING_ATTRIBUTES = ("calls", "to_apply", "body", "condition",
+                       "true_computation", "false_computation",
+                       "branch_computations", "called_computations")
+
+_HEADER = re.compile(
+    r"^(?P<entry>ENTRY\s+)?%?(?P<name>[^\s(%{]+)\s*(?:\(.*\)\s*->.*)?\{\s*$")
+_INSTRUCTION = re.compile(r"^\s+(?P<root>ROOT\s+)?%?(?P<name>[^\s=]+)\s*=\s*")
+_OPCODE = re.compile(r"\s*(?P<opcode>[a-z][a-z0-9\-]*)\(")
+_DTYPE = re.compile(r"[a-z][a-z0-9]*(?=\[)")
+_COMMENT = re.compile(r"/\*.*?\*/")
+_QUOTED = r'"((?:[^"\\]|\\.)*)"'
+# What bracket matching looks at: a quoted string (skipped whole), a
+# bracket or a comma.
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[()\[\]{},]')
+_KEY_VALUE = re.compile(r"([\w.\-]+)=" + _QUOTED)
+_OP_NAME = re.compile(r"\bop_name=" + _QUOTED)
+_STACK_FRAME = re.compile(r"\bstack_frame_id=(\d+)")
+_BACKEND_KIND = re.compile(r'"kind"\s*:\s*"([^"]*)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+  """An array shape (`f32[8,128]{1,0}`) or a tuple of shapes, as printed:
+  `text` is the printed form, layout and `/*index=N*/` comments included."""
+  text: str
+  dtype: str | None = None             # None for a tuple
+  dims: tuple[int, ...] = ()           # a bounded dynamic dim: its bound
+  elements: tuple[Shape, ...] = ()     # a tuple's element shapes
+
+  @classmethod
+  def parse(cls, text: str) -> Shape:
+    shape, end = _parse_shape(text, 0)
+    if text[end:].strip():
+      raise ValueError(f"unexpected {text[end:]!r} after the HLO shape "
+                       f"{text[:end]!r}")
+    return shape
+
+  @property
+  def is_tuple(self) -> bool:
+    return self.dtype is None
+
+  def arrays(self) -> tuple[Shape, ...]:
+    """The array shapes it is made of, in order (itself for an array)."""
+    if not self.is_tuple:
+      return (self,)
+    return tuple(a for element in self.elements for a in element.arrays())
+
+  @property
+  def element_type(self) -> str | None:
+    """The element type of its first array (None for an empty tuple):
+    what a reader of `f32[8]` or `(bf16[2], f32[3])` means by its type."""
+    arrays = self.arrays()
+    return arrays[0].dtype if arrays else None
+
+  @property
+  def element_types(self) -> tuple[str, ...]:
+    return tuple(a.dtype for a in self.arrays())
+
+  @property
+  def nbytes(self) -> int:
+    """Bytes of its arrays, unpadded."""
+    total = 0
+    for array in self.arrays():
+      if array.dtype not in DTYPE_BYTES:
+        raise ValueError(f"no byte size for element type {array.dtype!r} "
+                         f"in {self.text!r}; known: {sorted(DTYPE_BYTES)}")
+      total += DTYPE_BYTES[array.dtype] * math.prod(array.dims)
+    return total
+
+
+def _skip(text: str, pos: int) -> int:
+  """Past spaces and `/*...*/` comments."""
+  while True:
+    while pos < len(text) and text[pos] == " ":
+      pos += 1
+    if not text.startswith("/*", pos):
+      return pos
+    end = text.find("*/", pos)
+    if end < 0:
+      raise ValueError(f"unclosed comment in {text!r}")
+    pos = end + 2
+
+
+def _parse_shape(text: str, pos: int) -> tuple[Shape, int]:
+  """The shape starting at `pos` (after spaces and comments) and where it
+  ends."""
+  pos = _skip(text, pos)
+  start = pos
+  if text.startswith("(", pos):
+    elements = []
+    pos = _skip(text, pos + 1)
+    while not text.startswith(")", pos):
+      element, pos = _parse_shape(text, pos)
+      elements.append(element)
+      pos = _skip(text, pos)
+      if text.startswith(",", pos):
+        pos += 1
+      elif not text.startswith(")", pos):
+        raise ValueError(f"expected ',' or ')' at {pos} in the HLO shape "
+                         f"{text!r}")
+    return Shape(text[start:pos + 1], None, (), tuple(elements)), pos + 1
+  dtype = _DTYPE.match(text, pos)
+  if not dtype:
+    raise ValueError(f"no HLO shape at {pos} in {text!r}")
+  close = text.find("]", dtype.end())
+  if close < 0:
+    raise ValueError(f"unclosed dimensions in the HLO shape {text!r}")
+  dims = tuple(_dimension(d, text)
+               for d in text[dtype.end() + 1:close].split(",") if d.strip())
+  pos = close + 1
+  if text.startswith("{", pos):
+    pos = _closing(text, pos) + 1
+  return Shape(text[start:pos], dtype.group(), dims), pos
+
+
+def _dimension(text: str, shape: str) -> int:
+  digits = text.strip().removeprefix("<=")
+  if not digits.isdigit():
+    raise ValueError(f"dimension {text!r} of the HLO shape {shape!r} is not "
+                     "a size or a bound (<=N)")
+  return int(digits)
+
+
+def _closing(text: str, pos: int) -> int:
+  """The index of the bracket closing the one at `pos`, past quoted
+  strings and nested brackets of every kind."""
+  depth = 0
+  for token in _TOKEN.finditer(text, pos):
+    char = token.group()[0]
+    if char in "([{":
+      depth += 1
+    elif char in ")]}":
+      depth -= 1
+      if depth == 0:
+        return token.start()
+  raise ValueError(f"unbalanced {text[pos]!r} at {pos} in {text!r}")
+
+
+def _split_top(text: str) -> list[str]:
+  """`text` split at the commas outside brackets and quoted strings."""
+  parts, start, depth = [], 0, 0
+  for token in _TOKEN.finditer(text):
+    char = token.group()[0]
+    if char in "([{":
+      depth += 1
+    elif char in ")]}":
+      depth -= 1
+    elif char == "," and depth == 0:
+      parts.append(text[start:token.start()])
+      start = token.end()
+  parts.append(text[start:])
+  return [p.strip() for p in parts if p.strip()]
+
+
+def _names(value: str) -> tuple[str, ...]:
+  """`%a` or `{%a, %b}` -> ('a', 'b')."""
+  value = value.strip()
+  if value.startswith("{"):
+    value = value[1:-1]
+  return tuple(n.strip().lstrip("%") for n in value.split(",") if n.strip())
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Instruction:
+  """One instruction: `[ROOT] %name = shape opcode(operands), attributes`."""
+  name: str
+  shape: Shape
+  opcode: str
+  operands: tuple[str, ...]                  # names, without the %
+  operand_shapes: tuple[Shape | None, ...]   # where printed inline
+  attributes: Mapping[str, str]              # key -> value text as printed
+  root: bool
+  parameter_number: int | None               # N of `parameter(N)`
+
+  @classmethod
+  def parse(cls, line: str) -> Instruction:
+    head = _INSTRUCTION.match(line)
+    if not head:
+      raise ValueError(f"not an HLO instruction: {line!r}")
+    shape, pos = _parse_shape(line, head.end())
+    opcode = _OPCODE.match(line, pos)
+    if not opcode:
+      raise ValueError(f"no opcode after the shape in {line!r}")
+    close = _closing(line, opcode.end() - 1)
+    inside = _COMMENT.sub("", line[opcode.end():close])
+    names, shapes, number = [], [], None
+    if opcode["opcode"] == "parameter":
+      number = int(inside)
+    elif opcode["opcode"] != "constant":    # a constant's operand is a literal
+      for operand in _split_top(inside):
+        typed, _, name = operand.rpartition(" ")
+        names.append(name.lstrip("%"))
+        shapes.append(Shape.parse(typed) if typed.strip() else None)
+    attributes = {}
+    for item in _split_top(line[close + 1:]):
+      key, equals, value = item.partition("=")
+      if not equals:
+        raise ValueError(f"attribute {item!r} is not key=value in {line!r}")
+      attributes[key.strip()] = value.strip()
+    return cls(head["name"].lstrip("%"), shape, opcode["opcode"],
+               tuple(names), tuple(shapes), attributes, bool(head["root"]),
+               number)
+
+  @functools.cached_property
+  def frontend_attributes(self) -> Mapping[str, str]:
+    return dict(_KEY_VALUE.findall(self.attributes.get(
+        "frontend_attributes", "")))
+
+  @property
+  def calls(self) -> tuple[str, ...]:
+    """What `calls=` names: a fusion's body, an async op's wrapped
+    computation."""
+    return _names(self.attributes.get("calls", ""))
+
+  @property
+  def called_computations(self) -> tuple[str, ...]:
+    """Every computation it runs: calls=, to_apply=, a while's body and
+    condition, a conditional's branches, a custom call's computations."""
+    return tuple(name for key in _CALLING_ATTRIBUTES
+                 for name in _names(self.attributes.get(key, "")))
+
+  @property
+  def custom_call_target(self) -> str | None:
+    target = self.attributes.get("custom_call_target")
+    return target.strip('"') if target is not None else None
+
+  @property
+  def fusion_kind(self) -> str | None:
+    """`kLoop`, `kInput`, `kOutput`, `kCustom`; None if no fusion."""
+    return self.attributes.get("kind")
+
+  @property
+  def backend_kind(self) -> str:
+    """The kind its backend config names (`__triton_gemm`, `__ynn_fusion`,
+    ...); empty if none."""
+    kind = _BACKEND_KIND.search(self.attributes.get("backend_config", ""))
+    return kind.group(1) if kind else ""
+
+  @property
+  def op_name(self) -> str:
+    """The JAX op it comes from (metadata op_name), as printed; empty if
+    none."""
+    name = _OP_NAME.search(self.attributes.get("metadata", ""))
+    return name.group(1) if name else ""
+
+  @property
+  def stack_frame_id(self) -> int | None:
+    """Its source location: an index into the module's StackFrames
+    table."""
+    frame = _STACK_FRAME.search(self.attributes.get("metadata", ""))
+    return int(frame.group(1)) if frame else None
+
+  @property
+  def collective_kind(self) -> str | None:
+    """The collective it starts or is (`all-gather` for `all-gather` and
+    `all-gather-start`); None for anything else, `-done` halves included."""
+    kind = self.opcode.removesuffix("-start")
+    return kind if kind in COLLECTIVE_KINDS else None
+
+  @property
+  def result(self) -> Shape:
+    """The value it produces: for an async `-start`, whose shape is a tuple
+    (operands, result, context...), the result; else its shape.
+    `all-reduce-start` is shaped as its result."""
+    if (self.opcode.endswith("-start") and self.opcode != "all-reduce-start"
+        and self.shape.is_tuple and len(self.shape.elements) >= 2):
+      return self.shape.elements[1]
+    return self.shape
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Computation:
+  """A computation: ENTRY, a fusion body, a loop body, a reducer..."""
+  name: str
+  entry: bool
+  instructions: tuple[Instruction, ...]
+
+  @functools.cached_property
+  def by_name(self) -> Mapping[str, Instruction]:
+    return {ins.name: ins for ins in self.instructions}
+
+  def get(self, name: str) -> Instruction | None:
+    return self.by_name.get(name)
+
+  @functools.cached_property
+  def root(self) -> Instruction | None:
+    return next((ins for ins in self.instructions if ins.root), None)
+
+  def operand_shapes(self, ins: Instruction) -> tuple[Shape | None, ...]:
+    """The shape of each operand of `ins`: printed inline, or its
+    instruction's here (None if neither)."""
+    return tuple(
+        shape if shape is not None else
+        (self.by_name[name].shape if name in self.by_name else None)
+        for name, shape in zip(ins.operands, ins.operand_shapes))
+
+  @functools.cached_property
+  def users(self) -> Mapping[str, tuple[Instruction, ...]]:
+    """Instruction name -> the instructions here that take it as an
+    operand."""
+    users: dict[str, list[Instruction]] = {}
+    for ins in self.instructions:
+      for name in dict.fromkeys(ins.operands):
+        users.setdefault(name, []).append(ins)
+    return {name: tuple(found) for name, found in users.items()}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Collective:
+  """One collective the program runs: a plain op or an async `-start` (its
+  `-done` is not another one)."""
+  kind: str                     # one of COLLECTIVE_KINDS
+  instruction: Instruction
+  computation: Computation
+  moved: tuple[Shape, ...]      # the arrays it moves, per device
+
+  @property
+  def asynchronous(self) -> bool:
+    return self.instruction.opcode.endswith("-start")
+
+  @property
+  def dtypes(self) -> tuple[str, ...]:
+    return tuple(sorted({a.dtype for a in self.moved}))
+
+  @property
+  def nbytes(self) -> int:
+    return sum(a.nbytes for a in self.moved)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Module:
+  """An HLO module: its computations, ENTRY among them."""
+  name: str
+  computations: Mapping[str, Computation]   # in printed order
+
+  @classmethod
+  def parse(cls, text: str) -> Module:
+    """The module `text` prints; ValueError for a line inside a computation
+    that is no instruction."""
+    name, computations = "", {}
+    current: tuple[str, bool, list[Instruction]] | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+      if current is None:
+        if line.startswith("HloModule "):
+          name = line.split()[1].rstrip(",")
+        header = _HEADER.match(line)
+        if header and not line.startswith(("HloModule", " ")):
+          current = (header["name"], bool(header["entry"]), [])
+      elif line.startswith("}"):
+        computations[current[0]] = Computation(current[0], current[1],
+                                               tuple(current[2]))
+        current = None
+      elif line.strip():
+        try:
+          current[2].append(Instruction.parse(line))
+        except ValueError as error:
+          raise ValueError(f"HLO line {number}: {error}") from None
+    if current is not None:
+      raise ValueError(f"HLO computation %{current[0]} is not closed")
+    return cls(name, computations)
+
+  @property
+  def entry(self) -> Computation:
+    found = [c for c in self.computations.values() if c.entry]
+    if len(found) != 1:
+      raise ValueError(f"expected one ENTRY computation, found {len(found)}")
+    return found[0]
+
+  @functools.cached_property
+  def fusion_callers(self) -> Mapping[str,
+                                      tuple[tuple[Computation, Instruction],
+                                            ...]]:
+    """Fused computation -> the (computation, fusion instruction) pairs that
+    call it. A computation not here is no fusion body."""
+    callers: dict[str, list[tuple[Computation, Instruction]]] = {}
+    for computation in self.computations.values():
+      for ins in computation.instructions:
+        if ins.opcode == "fusion" and ins.calls:
+          callers.setdefault(ins.calls[0], []).append((computation, ins))
+    return {name: tuple(found) for name, found in callers.items()}
+
+  def fusion_kind(self, computation: str) -> str | None:
+    """The backend kind (`__triton_gemm`, ...) of the fusion whose body is
+    `computation`: empty for a plain fusion, None for no fusion body."""
+    callers = self.fusion_callers.get(computation)
+    return callers[0][1].backend_kind if callers else None
+
+  def reachable(self, roots: Iterable[str] | None = None
+                ) -> tuple[Computation, ...]:
+    """The computations `roots` (ENTRY's name by default) run, themselves
+    included, through every call: fusions, calls, loops, conditionals,
+    reducers, async wrappers."""
+    pending = list(roots) if roots is not None else [self.entry.name]
+    seen: dict[str, Computation] = {}
+    while pending:
+      name = pending.pop()
+      if name in seen or name not in self.computations:
+        continue
+      seen[name] = self.computations[name]
+      pending.extend(callee for ins in seen[name].instructions
+                     for callee in ins.called_computations)
+    return tuple(c for name, c in self.computations.items() if name in seen)
+
+  def collectives(self) -> tuple[Collective, ...]:
+    """Every collective in the computations ENTRY runs (each counted once
+    where it is: in a loop body it runs once per iteration), including
+    those fused or wrapped by a generic `async-start` (counted inside its
+    wrapped computation)."""
+    found = []
+    for computation in self.reachable():
+      for ins in computation.instructions:
+        kind = ins.collective_kind
+        if kind is None:
+          continue
+        if kind == "all-gather":
+          moved = ins.result.arrays()
+        else:
+          shapes = computation.operand_shapes(ins)
+          if None in shapes:
+            raise ValueError(f"%{ins.name}: an operand's shape is unknown")
+          moved = tuple(a for shape in shapes for a in shape.arrays())
+        found.append(Collective(kind, ins, computation, moved))
+    return tuple(found)
+
+  def collective_bytes(self) -> dict[tuple[str, str], int]:
+    """Bytes each device moves, by (collective kind, element type)."""
+    total: dict[tuple[str, str], int] = {}
+    for collective in self.collectives():
+      for array in collective.moved:
+        key = (collective.kind, array.dtype)
+        total[key] = total.get(key, 0) + array.nbytes
+    return total
+
+  def kernels(self) -> int:
+    """Instructions of ENTRY that run work on the device (fusions, copies,
+    GEMM calls...): a proxy for launches and scheduling freedom where no
+    device times the step. Only those with an array result count: not a
+    conditional, a call, nor a custom call with a tuple result (a cuBLAS
+    GEMM and its workspace), as in the counts bench/gpu_compile.py
+    publishes."""
+    return sum(not ins.shape.is_tuple and ins.opcode not in _NOT_KERNELS
+               for ins in self.entry.instructions)
