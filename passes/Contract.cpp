@@ -339,6 +339,30 @@ mlir::amp::parseStateResults(llvm::ArrayRef<std::string> pairs) {
   return parsed;
 }
 
+size_t OptimizerStateBlocks::keptDimensions(llvm::ArrayRef<int64_t> shape) {
+  // The trailing product grows as k falls: the first k from the back whose
+  // trailing dimensions hold whole blocks keeps the most leading ones.
+  int64_t trailing = 1;
+  for (size_t k = shape.size(); k-- > 0;) {
+    trailing *= shape[k];
+    if (trailing % kBlock == 0)
+      return k;
+  }
+  return 0;
+}
+
+llvm::SmallVector<int64_t>
+OptimizerStateBlocks::storedShape(llvm::ArrayRef<int64_t> shape) {
+  size_t kept = keptDimensions(shape);
+  int64_t trailing = 1;
+  for (int64_t size : shape.drop_front(kept))
+    trailing *= size;
+  llvm::SmallVector<int64_t> stored(shape.take_front(kept));
+  stored.push_back((trailing + kBlock - 1) / kBlock);
+  stored.push_back(kBlock + kScaleBytes);
+  return stored;
+}
+
 llvm::ArrayRef<llvm::StringRef> mlir::amp::optimizerStateDtypeNames() {
   return kOptimizerStateDtypeNames;
 }

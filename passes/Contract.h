@@ -243,17 +243,29 @@ llvm::Expected<UpdateRounding> parseUpdateRounding(llvm::StringRef text);
 /// The dtype amp-round-state stores optimizer state in: f32, bf16, or f8
 /// (block-scaled FP8, `OptimizerStateBlocks`).
 enum class OptimizerStateDtype { F32, BF16, F8 };
-/// optimizer-state=f8's layout: a tensor of N elements is stored as
-/// ui8[ceil(N / kBlock), kBlock + 4]: per block of kBlock elements (the
-/// flattened tensor, zero-padded), the FP8 E4M3 codes of
-/// r = sign(x) * sqrt(|x|) scaled so the block's largest |r| is kMax (a
-/// nonzero r never below kSmallest: never flushed to zero), then the
-/// block's f32 scale (largest |r| / kMax) as 4 bytes.
+/// optimizer-state=f8's layout: per block of kBlock elements of the
+/// row-major flattened tensor, the FP8 E4M3 codes of r = sign(x) *
+/// sqrt(|x|) scaled so the block's largest |r| is kMax (a nonzero r never
+/// below kSmallest: never flushed to zero), then the block's f32 scale
+/// (largest |r| / kMax) as 4 bytes: kBlock + 4 bytes a block. The blocks
+/// are stored with as many of the tensor's leading dimensions as keep them
+/// whole (see `storedShape`), so the state shards like its tensor.
 struct OptimizerStateBlocks {
   static constexpr int64_t kBlock = 256;
   static constexpr int64_t kScaleBytes = 4;
   static constexpr double kMax = 448.0;      // E4M3's largest finite value
   static constexpr double kSmallest = 0x1p-9; // and its smallest subnormal
+  /// The shape a tensor of `shape` is stored as: `shape[:k] + [B, kBlock +
+  /// 4]` for the largest k whose trailing dimensions hold a whole number
+  /// of blocks, B of them per index of the leading ones (no block crosses
+  /// a leading index, so a tensor sharded along those dimensions has its
+  /// blocks on the same devices); where none does, `[ceil(N / kBlock),
+  /// kBlock + 4]`, the flattened tensor zero-padded. The bytes are the
+  /// flat layout's in both cases.
+  static llvm::SmallVector<int64_t> storedShape(llvm::ArrayRef<int64_t> shape);
+  /// The number of leading dimensions `storedShape` keeps (the k above; 0
+  /// also where the tensor is padded).
+  static size_t keptDimensions(llvm::ArrayRef<int64_t> shape);
 };
 llvm::ArrayRef<llvm::StringRef> optimizerStateDtypeNames();
 llvm::Expected<OptimizerStateDtype>

@@ -435,9 +435,9 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     on XLA:CPU: 1.38x f32's memory total with stochastic moments, 0.84x
     with moments rounded to nearest).
 
-    With `optimizer-state=f8` each marked f32 tensor of N elements becomes a
-    `ui8[ceil(N/256), 260]` argument: per block of 256 elements (the
-    flattened tensor, zero-padded), the FP8 E4M3 codes of
+    With `optimizer-state=f8` each marked f32 tensor becomes a ui8
+    argument of blocks of 260 bytes: per block of 256 elements of the
+    row-major tensor, the FP8 E4M3 codes of
     r = sign(x) * sqrt(|x|), scaled so the block's largest |r| is 448
     (E4M3's largest), then the block's f32 scale as 4 bytes (block-scaled
     8-bit state, as bitsandbytes' and torchao's 8-bit optimizers keep, with
@@ -446,7 +446,11 @@ def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
     below E4M3's smallest code (2^-9) is stored as that code, not zero: a
     second moment flushed to zero under a nonzero first moment makes Adam's
     step lr * m / eps (it diverged the peers' MLP within 30 steps), rounded
-    up it only makes that step smaller. It is decoded to
+    up it only makes that step smaller. The blocks keep as many of the
+    tensor's leading dimensions as hold whole blocks (`d0 x .. x dk x B x
+    260`; a tensor<1024x4096xf32> is ui8[1024, 16, 260]), so a sharded
+    tensor's blocks stay on its devices; where none do, the tensor is
+    flattened and zero-padded (`ui8[ceil(N/256), 260]`). It is decoded to
     f32 where it is read and its new value encoded before the return. The
     update reads the f32 value, as bitsandbytes' and torchao's 8-bit
     optimizers do, not the decoded code (reading the code, XLA:CPU would

@@ -20,6 +20,7 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/Sequence.h"
 #include "llvm/ADT/SmallPtrSet.h"
 
 namespace mlir::amp {
@@ -64,49 +65,56 @@ SmallVector<RoundedState> roundingConverts(func::FuncOp main) {
 
 /// The type optimizer-state=f8 stores a tensor of `type` as.
 RankedTensorType blocksType(OpBuilder &builder, RankedTensorType type) {
-  using Blocks = OptimizerStateBlocks;
-  int64_t blocks =
-      (type.getNumElements() + Blocks::kBlock - 1) / Blocks::kBlock;
   return RankedTensorType::get(
-      {blocks, Blocks::kBlock + Blocks::kScaleBytes},
+      OptimizerStateBlocks::storedShape(type.getShape()),
       builder.getIntegerType(8, /*isSigned=*/false));
 }
 
 /// The f32 value of `stored`, optimizer state in the f8 layout
-/// (OptimizerStateBlocks) of a tensor of `type`.
+/// (OptimizerStateBlocks) of a tensor of `type`. Every op works along the
+/// last dimensions, so the partitioner keeps it on the devices of the
+/// stored blocks.
 Value decodeBlocks(OpBuilder &builder, Location loc, Value stored,
                    RankedTensorType type) {
   using Blocks = OptimizerStateBlocks;
-  int64_t count = type.getNumElements();
-  int64_t blocks = cast<RankedTensorType>(stored.getType()).getDimSize(0);
+  auto storedType = cast<RankedTensorType>(stored.getType());
+  llvm::ArrayRef<int64_t> storedShape = storedType.getShape();
+  int64_t rank = storedType.getRank();
   Type f32 = builder.getF32Type();
-  auto codesType = RankedTensorType::get({blocks, Blocks::kBlock}, f32);
-  Value codeBytes = shlo::buildSlice(builder, loc, stored, {0, 0},
-                                     {blocks, Blocks::kBlock}, {1, 1});
+  llvm::SmallVector<int64_t> blocksShape(storedShape.drop_back());
+  llvm::SmallVector<int64_t> groupShape(blocksShape);
+  groupShape.push_back(Blocks::kBlock);
+  llvm::SmallVector<int64_t> origin(rank, 0), ones(rank, 1);
+  llvm::SmallVector<int64_t> codesEnd(groupShape), scaleStart(origin);
+  scaleStart.back() = Blocks::kBlock;
+  auto codesType = RankedTensorType::get(groupShape, f32);
+  Value codeBytes =
+      shlo::buildSlice(builder, loc, stored, origin, codesEnd, ones);
   Value codes = shlo::buildBitcastConvert(
       builder, loc, codeBytes,
-      RankedTensorType::get({blocks, Blocks::kBlock},
+      RankedTensorType::get(groupShape,
                             Float8E4M3FNType::get(builder.getContext())));
-  Value scaleBytes = shlo::buildSlice(
-      builder, loc, stored, {0, Blocks::kBlock},
-      {blocks, Blocks::kBlock + Blocks::kScaleBytes}, {1, 1});
-  Value scale = shlo::buildBitcastConvert(builder, loc, scaleBytes,
-                                          RankedTensorType::get({blocks}, f32));
+  Value scaleBytes = shlo::buildSlice(builder, loc, stored, scaleStart,
+                                      storedShape, ones);
+  Value scale = shlo::buildBitcastConvert(
+      builder, loc, scaleBytes, RankedTensorType::get(blocksShape, f32));
+  llvm::SmallVector<int64_t> blockDims =
+      llvm::to_vector(llvm::seq<int64_t>(0, rank - 1));
   Value roots = shlo::buildElementwise(
       builder, loc, "multiply",
       {shlo::buildConvert(builder, loc, codes, f32),
-       shlo::buildBroadcastInDim(builder, loc, scale, codesType, {0})});
+       shlo::buildBroadcastInDim(builder, loc, scale, codesType, blockDims)});
   // The codes hold sign(x) * sqrt(|x|): x is root * |root|.
   Value values = shlo::buildElementwise(
       builder, loc, "multiply",
       {roots, shlo::buildElementwise(builder, loc, "abs", {roots})});
-  Value flat = shlo::buildReshape(builder, loc, values,
-                                  {blocks * Blocks::kBlock});
-  if (blocks * Blocks::kBlock != count)
-    flat = shlo::buildSlice(builder, loc, flat, {0}, {count}, {1});
-  if (type.getRank() == 1)
-    return flat;
-  return shlo::buildReshape(builder, loc, flat, type.getShape());
+  int64_t count = type.getNumElements();
+  int64_t padded = codesType.getNumElements();
+  if (padded != count) { // the flat layout, zero-padded
+    Value flat = shlo::buildReshape(builder, loc, values, {padded});
+    values = shlo::buildSlice(builder, loc, flat, {0}, {count}, {1});
+  }
+  return shlo::buildReshape(builder, loc, values, type.getShape());
 }
 
 /// `value` (f32) in the f8 layout (OptimizerStateBlocks): per block, codes
@@ -116,11 +124,18 @@ Value encodeBlocks(OpBuilder &builder, Location loc, Value value) {
   using Blocks = OptimizerStateBlocks;
   auto type = cast<RankedTensorType>(value.getType());
   int64_t count = type.getNumElements();
-  int64_t blocks = blocksType(builder, type).getDimSize(0);
+  llvm::SmallVector<int64_t> storedShape = Blocks::storedShape(type.getShape());
+  int64_t rank = storedShape.size();
+  llvm::SmallVector<int64_t> blocksShape(
+      llvm::ArrayRef<int64_t>(storedShape).drop_back());
+  llvm::SmallVector<int64_t> groupShape(blocksShape);
+  groupShape.push_back(Blocks::kBlock);
   Type f32 = builder.getF32Type();
   Type u8 = builder.getIntegerType(8, /*isSigned=*/false);
-  auto blocksType = RankedTensorType::get({blocks, Blocks::kBlock}, f32);
-  auto scaleType = RankedTensorType::get({blocks}, f32);
+  auto groupType = RankedTensorType::get(groupShape, f32);
+  auto scaleType = RankedTensorType::get(blocksShape, f32);
+  llvm::SmallVector<int64_t> blockDims =
+      llvm::to_vector(llvm::seq<int64_t>(0, rank - 1));
   auto constant = [&](double number, RankedTensorType like) {
     return shlo::buildBroadcastScalar(
         builder, loc, shlo::buildScalar(builder, loc, f32, number), like);
@@ -134,20 +149,20 @@ Value encodeBlocks(OpBuilder &builder, Location loc, Value value) {
        shlo::buildElementwise(
            builder, loc, "sqrt",
            {shlo::buildElementwise(builder, loc, "abs", {value})})});
-  Value flat = type.getRank() == 1
-                   ? roots
-                   : shlo::buildReshape(builder, loc, roots, {count});
-  if (blocks * Blocks::kBlock != count)
-    flat = shlo::buildConcatenate(
+  int64_t padded = groupType.getNumElements();
+  if (padded != count) { // the flat layout, zero-padded
+    Value flat = type.getRank() == 1
+                     ? roots
+                     : shlo::buildReshape(builder, loc, roots, {count});
+    roots = shlo::buildConcatenate(
         builder, loc,
-        {flat, constant(0.0, RankedTensorType::get(
-                                 {blocks * Blocks::kBlock - count}, f32))},
+        {flat, constant(0.0, RankedTensorType::get({padded - count}, f32))},
         0);
-  Value grouped = shlo::buildReshape(builder, loc, flat,
-                                     {blocks, Blocks::kBlock});
+  }
+  Value grouped = shlo::buildReshape(builder, loc, roots, groupShape);
   Value largest = shlo::buildReduce(
       builder, loc, shlo::buildElementwise(builder, loc, "abs", {grouped}),
-      {1}, "maximum", 0.0);
+      {rank - 1}, "maximum", 0.0);
   Value scale = shlo::buildElementwise(builder, loc, "divide",
                                        {largest, constant(Blocks::kMax,
                                                           scaleType)});
@@ -158,8 +173,8 @@ Value encodeBlocks(OpBuilder &builder, Location loc, Value value) {
                                     constant(1.0, scaleType));
   Value scaled = shlo::buildElementwise(
       builder, loc, "divide",
-      {grouped, shlo::buildBroadcastInDim(builder, loc, divisor, blocksType,
-                                          {0})});
+      {grouped, shlo::buildBroadcastInDim(builder, loc, divisor, groupType,
+                                          blockDims)});
   // A nonzero value keeps at least the smallest code: a second moment
   // flushed to zero under a nonzero first moment would make Adam's step
   // explode; rounded up, it only makes that step smaller.
@@ -169,19 +184,20 @@ Value encodeBlocks(OpBuilder &builder, Location loc, Value value) {
        shlo::buildElementwise(
            builder, loc, "maximum",
            {shlo::buildElementwise(builder, loc, "abs", {scaled}),
-            constant(Blocks::kSmallest, blocksType)})});
+            constant(Blocks::kSmallest, groupType)})});
   Value clamped = shlo::buildClamp(builder, loc,
-                                   constant(-Blocks::kMax, blocksType), lifted,
-                                   constant(Blocks::kMax, blocksType));
+                                   constant(-Blocks::kMax, groupType), lifted,
+                                   constant(Blocks::kMax, groupType));
   auto f8 = Float8E4M3FNType::get(builder.getContext());
   Value codes = shlo::buildConvert(builder, loc, clamped, f8);
   Value codeBytes = shlo::buildBitcastConvert(
-      builder, loc, codes,
-      RankedTensorType::get({blocks, Blocks::kBlock}, u8));
+      builder, loc, codes, RankedTensorType::get(groupShape, u8));
+  llvm::SmallVector<int64_t> scaleBytesShape(blocksShape);
+  scaleBytesShape.push_back(Blocks::kScaleBytes);
   Value scaleBytes = shlo::buildBitcastConvert(
-      builder, loc, scale,
-      RankedTensorType::get({blocks, Blocks::kScaleBytes}, u8));
-  return shlo::buildConcatenate(builder, loc, {codeBytes, scaleBytes}, 1);
+      builder, loc, scale, RankedTensorType::get(scaleBytesShape, u8));
+  return shlo::buildConcatenate(builder, loc, {codeBytes, scaleBytes},
+                                rank - 1);
 }
 
 /// `low` (bf16) widened to f32 through its bits: the high half of an f32

@@ -215,6 +215,13 @@ std::string checkPipeline(const std::string &pipeline) {
   return text;
 }
 
+/// The shape optimizer-state=f8 stores a tensor of `shape` as.
+std::vector<int64_t> f8StateShape(const std::vector<int64_t> &shape) {
+  llvm::SmallVector<int64_t> stored =
+      amp::OptimizerStateBlocks::storedShape(shape);
+  return {stored.begin(), stored.end()};
+}
+
 } // namespace
 
 NB_MODULE(_amp, m) {
@@ -232,5 +239,7 @@ NB_MODULE(_amp, m) {
   m.def("check_pipeline", &checkPipeline, nb::arg("pipeline"));
   m.def("loss_scale_config", &lossScaleConfig, nb::arg("mode"),
         nb::arg("fields"));
+  m.def("f8_state_shape", &f8StateShape, nb::arg("shape"),
+        "The shape opt_state_dtype='f8' stores a tensor of `shape` as.");
   m.attr("mlir_version") = LLVM_VERSION_STRING;
 }

@@ -66,6 +66,10 @@ def test_unreadable_input_is_exit_1_with_a_location(capsys, tmp_path, out,
     ("p=", r"malformed policy entry 'p='"),
     ("", r"empty policy"),
     ("bf16", r"malformed policy entry 'bf16'"),
+    ("p=bf16 c=bf16", r"policy entries are separated by commas: "
+     r"'p=bf16 c=bf16' holds more than one KEY=DTYPE \(write p=bf16,c=bf16\)"),
+    ("p=bf16;c=bf16", r"policy entries are separated by commas: .*\(write "
+     r"p=bf16,c=bf16\)"),
 ])
 def test_invalid_policy_is_exit_2_naming_the_accepted_forms(capsys, out,
                                                              policy, message):

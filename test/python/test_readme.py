@@ -22,6 +22,16 @@ def _python_blocks() -> list[str]:
   return blocks
 
 
+def _sample_report() -> list[str]:
+  """The lines of README's sample report (the block after "The report
+  for this on a CPU machine:")."""
+  text = README.read_text()
+  match = re.search(r"The report for this on a CPU machine:\n\n```\n(.*?)"
+                    r"^```$", text, re.MULTILINE | re.DOTALL)
+  assert match, "README has no sample report"
+  return match.group(1).splitlines()
+
+
 def test_the_readme_has_python_examples():
   assert len(_python_blocks()) >= 5
 
@@ -38,9 +48,21 @@ def test_the_readme_python_examples_run(capsys):
       raise AssertionError(f"README python block {number} failed:\n"
                            f"{block}") from error
   printed = capsys.readouterr().out
-  # What the README says these print (the first on a CPU machine).
+  # What the README says these print (the first on a CPU machine): every
+  # line of its sample report, in order ("..." stands for lines left out).
   import jax
   if jax.default_backend() == "cpu":
-    assert "lowered to bf16: 3 ops (dot_general 3)" in printed
+    sample = _sample_report()
+    assert sample[0] in printed
+    start = printed.index(sample[0])
+    lines = printed[start:].splitlines()
+    at = 0
+    for expected in sample:
+      if expected.strip() == "...":
+        continue
+      assert expected in lines[at:], (
+          f"README's sample report says {expected!r}; the report printed:\n"
+          + "\n".join(lines[:len(sample) + 10]))
+      at = lines.index(expected, at) + 1
   assert "FP8 GEMMs:" in printed
   assert "calibration: tolerance 0.0001" in printed

@@ -1173,3 +1173,131 @@ def test_finite_steps_do_not_warn(recwarn):
     state, _ = step(state, _BATCH)
   jax.effects_barrier()
   assert not [w for w in recwarn if "not progressing" in str(w.message)]
+
+
+# -- loose input: flags, callbacks, states of other steps ------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda: amp.train_step(mse, optax.sgd(0.1), donate="yes"),
+    lambda: amp.train_step(mse, optax.sgd(0.1), has_aux="no"),
+    lambda: amp.value_and_grad(mse, has_aux="no"),
+], ids=["train_step donate", "train_step has_aux", "value_and_grad has_aux"])
+def test_a_flag_that_is_not_a_bool_is_a_type_error(make):
+  # 'no' is truthy: it was taken as True.
+  with pytest.raises(TypeError, match=r"(donate|has_aux) must be True or "
+                     r"False, got '(yes|no)'"):
+    make()
+
+
+def test_keep_f32_state_of_one_argument_says_how_it_is_called():
+  with pytest.raises(TypeError, match=r"keep_f32_state must be a function "
+                     r"\(path, leaf\) -> bool.*cannot be called with two "
+                     r"arguments.*lambda path, leaf"):
+    amp.train_step(mse, optax.adam(0.1), "p=bf16,c=bf16,o=f32",
+                   opt_state_dtype="bf16", keep_f32_state=lambda leaf: False)
+
+
+@pytest.mark.parametrize("optimizer, hint", [
+    (optax.sgd(0.1).update, r"pass the GradientTransformation itself \(for "
+     r"example optax.sgd\(0.1\)\), not its update or init function"),
+    (optax.sgd, r"call it, e.g. optax.sgd\(learning_rate\)"),
+])
+def test_an_optimizer_function_says_what_to_pass(optimizer, hint):
+  # optax.sgd(0.1).update suggested optax.update_fn(...), which does not
+  # exist.
+  with pytest.raises(TypeError, match=r"optimizer must be an optax "
+                     r"GradientTransformation .*" + hint):
+    amp.train_step(mse, optimizer)
+
+
+def _state_of(opt_state_dtype: str, params=None):
+  step = amp.train_step(mse, optax.adam(1e-3), "p=bf16,c=bf16,o=f32",
+                        opt_state_dtype=opt_state_dtype)
+  return step, step.init(PARAMS if params is None else params)
+
+
+@pytest.mark.parametrize("given, taken, message", [
+    # An f8-state checkpoint resumed under opt_state_dtype="bf16": a raw
+    # 'func.call' operand type mismatch and 3 KB of locations.
+    ("f8", "bf16", r"opt_state\[0\]\.mu\['b1'\] is uint8\[1, 260\], and this "
+     r"step \(opt_state_dtype='bf16'\) takes bfloat16\[16\] there: it was "
+     r"made by another step or by the optimizer alone"),
+    ("bf16", "f8", r"is bfloat16\[16\], and this step "
+     r"\(opt_state_dtype='f8'\) takes uint8\[1, 260\]"),
+    # The optimizer's own f32 state was taken silently by a bf16-state step
+    # (and f32 parameters were rejected).
+    ("optax", "bf16", r"is float32\[16\], and this step "
+     r"\(opt_state_dtype='bf16'\) takes bfloat16\[16\]"),
+    ("other shapes", "bf16", r"is bfloat16\[4, 16\], .* takes "
+     r"bfloat16\[8, 16\] there: it was made for parameters of other shapes"),
+])
+def test_a_state_the_step_does_not_take_names_the_leaf(given, taken, message):
+  step, state = _state_of(taken)
+  if given == "optax":
+    state = state.replace(opt_state=optax.adam(1e-3).init(PARAMS))
+  elif given == "other shapes":
+    other = dict(PARAMS, w1=PARAMS["w1"][:4])
+    state = state.replace(opt_state=_state_of(taken, other)[1].opt_state)
+  else:
+    state = state.replace(opt_state=_state_of(given)[1].opt_state)
+  with pytest.raises(TypeError, match=message + r".*Make the state with "
+                     r"this step's init"):
+    step(state, _batch(0))
+
+
+def test_train_state_has_flax_style_replace():
+  step = amp.train_step(mse, optax.sgd(0.1), BF16_POLICY)
+  state = step.init(PARAMS)
+  replaced = state.replace(skipped_steps=jnp.ones((), jnp.int32))
+  assert int(replaced.skipped_steps) == 1 and replaced.params is state.params
+
+
+def test_a_tracer_error_names_the_users_loss_not_the_driver():
+  def my_loss(params, batch):
+    if mse(params, batch) > 0:  # Python control flow on a traced value
+      return mse(params, batch)
+    return 0.0
+
+  step = amp.train_step(my_loss, optax.sgd(0.1))
+  vg = amp.value_and_grad(my_loss)
+  for run in (lambda: step(step.init(PARAMS), _batch(0)),
+              lambda: vg(PARAMS, _batch(0))):
+    with pytest.raises(jax.errors.ConcretizationTypeError) as caught:
+      run()
+    assert "my_loss at " in str(caught.value), str(caught.value)
+    assert "module_fn" not in str(caught.value)
+
+
+# -- jax.vmap of value_and_grad ------------------------------------------------
+
+
+@pytest.mark.parametrize("policy, loss_scale", [
+    (BF16_POLICY, None), (F16_POLICY, amp.DynamicLossScale(2.0 ** 15))])
+def test_vmap_of_value_and_grad_gives_per_example_gradients(policy,
+                                                             loss_scale):
+  """Per-example gradients, `jax.vmap(amp.value_and_grad(f))`, raised
+  "Batching rule for 'amp_module_call' not implemented"; the batched
+  program is rewritten in turn, with one loss scale for the batch."""
+  vg = amp.value_and_grad(mse, policy)
+  batch = (X[:64].reshape(16, 4, 8), Y[:64].reshape(16, 4, 8))
+
+  def per_example(params, example):
+    return vg(params, example, loss_scale=loss_scale)
+
+  vmapped = jax.jit(jax.vmap(per_example, in_axes=(None, 0)))
+  (loss, grads), finite, _ = vmapped(PARAMS, batch)
+  want_loss, want_grads = jax.vmap(jax.value_and_grad(mse),
+                                   in_axes=(None, 0))(PARAMS, batch)
+  assert loss.shape == (16,) and grads["w1"].shape == (16, 8, 16)
+  assert bool(jnp.all(finite))
+  np.testing.assert_allclose(loss, want_loss, rtol=2e-2, atol=1e-3)
+  for name in PARAMS:
+    np.testing.assert_allclose(grads[name], want_grads[name], rtol=5e-2,
+                               atol=5e-3)
+  # The batched program's matrix multiplies are in the compute dtype.
+  compute = policy.split("c=")[1].split(",")[0]
+  text = vmapped.lower(PARAMS, batch).as_text()
+  low_dots = re.findall(rf"stablehlo\.dot_general .*: \(tensor<16x[0-9x]+"
+                        rf"x{compute}>, tensor<[0-9x]+x{compute}>\)", text)
+  assert low_dots, text[:3000]

@@ -44,6 +44,15 @@ def default(pass_name: str, name: str) -> Any:
   return option(pass_name, name)["default"]
 
 
+@functools.lru_cache(maxsize=None)
+def f8_state_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+  """The shape opt_state_dtype="f8" stores a tensor of `shape` as
+  (`OptimizerStateBlocks::storedShape`): the tensor's leading dimensions
+  that keep its blocks whole, then blocks of codes, each followed by its
+  f32 scale's bytes."""
+  return tuple(_amp.f8_state_shape([int(size) for size in shape]))
+
+
 INSERT_CONVERTS = "amp-insert-converts"
 LOSS_SCALE = "amp-loss-scale"
 FP8_GEMMS = "amp-fp8-gemms"

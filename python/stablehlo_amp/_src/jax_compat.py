@@ -256,7 +256,10 @@ def ffi_call(target: str, result_shapes: Sequence[Any]) -> Callable:
   ffi = getattr(jax, "ffi", None)
   if ffi is None:  # jax < 0.5
     from jax.extend import ffi  # type: ignore
-  return ffi.ffi_call(target, result_shapes, has_side_effect=False)
+  # Under jax.vmap it is one call on the batched operands (the loss-scale
+  # pass reads it as a marker, whatever the shapes).
+  return ffi.ffi_call(target, result_shapes, has_side_effect=False,
+                      vmap_method="broadcast_all")
 
 
 def aval_of(x: Any) -> Any:

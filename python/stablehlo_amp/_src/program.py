@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 from jax.extend.mlir import ir
+from jax.interpreters import batching
 from jax.interpreters import mlir as jax_mlir
 
 from stablehlo_amp._src import contract
@@ -100,6 +101,12 @@ class Program:
   # The results of main as the module has them (keys as their data); empty
   # when they are `all_out_avals`.
   module_out_avals: tuple = ()
+  # Every flat input leaf's aval (the unused ones too), and the program of
+  # the function batched along each leaf's axis (0 or None), built on first
+  # use: what `jax.vmap` of a call makes of it. None where there is none
+  # (a program built through jax.export).
+  leaf_avals: tuple = ()
+  batched: Callable[[tuple[int | None, ...], int], "Program"] | None = None
 
   @property
   def out_avals(self) -> tuple:
@@ -133,6 +140,39 @@ class Program:
             for leaf, aval in zip(leaves, self.in_avals)]
 
 
+def _batch_rule(args, dims, *, program: Program):
+  """`jax.vmap` of a call: the program of the function batched the same
+  way, rewritten in turn (its loss scale and finite check cover the whole
+  batch). The appended inputs (loss-scale state, FP8 histories) cannot be
+  batched: one state serves the batch."""
+  dims = [d if isinstance(d, int) else None for d in dims]
+  extra = len(program.extra_in_roles)
+  main_args, extra_args = list(args[:len(args) - extra]), args[len(args) -
+                                                                extra:]
+  if any(d is not None for d in dims[len(main_args):]):
+    raise NotImplementedError(
+        f"jax.vmap of {program.name} over its loss-scale state or FP8 "
+        "amax histories: one state serves the whole batch; map over the "
+        "other arguments (in_axes=None for the loss scale)")
+  if program.batched is None:
+    raise NotImplementedError(
+        f"jax.vmap of {program.name}, which was built through jax.export "
+        "for explicit shardings: vmap the function before giving it "
+        "shardings")
+  size = next(np.shape(a)[d] for a, d in zip(main_args, dims)
+              if d is not None)
+  kept = program.kept if program.kept is not None else range(len(main_args))
+  leaves: list = [jnp.zeros(a.shape, a.dtype) for a in program.leaf_avals]
+  leaf_dims: list = [None] * len(leaves)
+  for flat, arg, d in zip(kept, main_args, dims):
+    leaves[flat] = arg if d is None else jnp.moveaxis(arg, d, 0)
+    leaf_dims[flat] = None if d is None else 0
+  outputs, extra_out = program.batched(tuple(leaf_dims), size).call(
+      leaves, extra_args)
+  return (list(outputs) + list(extra_out),
+          [0] * len(outputs) + [None] * len(extra_out))
+
+
 amp_module_call_p = jax_compat.primitive_class()("amp_module_call")
 amp_module_call_p.multiple_results = True
 amp_module_call_p.def_abstract_eval(
@@ -142,6 +182,7 @@ amp_module_call_p.def_abstract_eval(
 amp_module_call_p.def_impl(
     lambda *args, program: jax.jit(
         lambda *xs: amp_module_call_p.bind(*xs, program=program))(*args))
+batching.primitive_batchers[amp_module_call_p] = _batch_rule
 jax_mlir.register_lowering(
     amp_module_call_p,
     lambda ctx, *args, program: jax_compat.call_module(
@@ -432,6 +473,16 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
             all_out_avals))
   # The form the lowering reads, made now: its cost is the rewrite's.
   bytecode = None if exported else jax_compat.bytecode_of(result.module)
+  leaves = jax.tree_util.tree_leaves((export_args, export_kwargs))
+  batched = None
+  if exported is None:
+    batched = _batched_builder(
+        jitted, export_args, export_kwargs, dict(
+            param_flags=param_flags, policy=policy, options=options,
+            source_name=source_name, seed_leaf=seed_leaf,
+            state_leaves=state_leaves,
+            optimizer_state_leaves=optimizer_state_leaves,
+            loss_scale=loss_scale))
   done = time.perf_counter()
   return Program(result.module, result,
                  Timings(lower=marked.lower_seconds, rewrite=done - started),
@@ -443,7 +494,37 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
                  host_callbacks=marked.host_callbacks,
                  indexed_callbacks=marked.indexed_callbacks,
                  out_key_avals=key_avals,
-                 module_out_avals=module_out_avals)
+                 module_out_avals=module_out_avals,
+                 leaf_avals=tuple(jax_compat.aval_of(x) for x in leaves),
+                 batched=batched)
+
+
+def _batched_builder(jitted: Callable, export_args: Sequence,
+                     export_kwargs: dict, build_options: dict
+                     ) -> Callable[[tuple, int], Program]:
+  """Builds, once per batching, the program of `jitted` vmapped along
+  axis 0 of the flat input leaves whose dim is 0 (a batch of `size`; the
+  others unbatched), with the same marks, on flat leaves and outputs."""
+  programs: dict[tuple, Program] = {}
+
+  def make(dims: tuple[int | None, ...], size: int) -> Program:
+    if (dims, size) not in programs:
+      specs, treedef = jax.tree_util.tree_flatten((export_args,
+                                                   export_kwargs))
+      specs = [spec if d is None else jax.ShapeDtypeStruct(
+          (size, *spec.shape), spec.dtype) for spec, d in zip(specs, dims)]
+
+      def flat(*leaves):
+        args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+        return jax.tree_util.tree_leaves(jitted(*args, **kwargs))
+
+      batched = jax.vmap(flat, in_axes=dims, out_axes=0)
+      programs[dims, size] = build(jax.jit(batched), specs, {},
+                                   **build_options)
+    return programs[dims, size]
+
+  return make
+
 
 # -- signatures: what every entry point does with its arguments -------------
 #

@@ -95,7 +95,12 @@ class OpDecision:
     match = _NAME.match(self.loc)
     if not match:
       return ""
-    segments = [_unwrap(part) for part in match[1].split("/")[:-1]]
+    parts = match[1].split("/")[:-1]
+    # The first part, jit(f), names the function the module was lowered
+    # from (the user's loss, or the driver's), not a scope.
+    if parts and re.match(r"^p?jit\(", parts[0]):
+      parts = parts[1:]
+    segments = [_unwrap(part) for part in parts]
     return "/".join(part for part in segments if part not in _DRIVER_NAMES)
 
   @property
@@ -316,10 +321,14 @@ class Report:
       def by_dtype(table: Mapping[str, int]) -> str:
         return ", ".join(f"{dtype} {_mib(n)}" for dtype, n in
                          sorted(table.items(), key=lambda kv: -kv[1])) or "none"
-      lines.append(f"  float values by dtype (each once, as kept): before {by_dtype(self.bytes_before)}; "
-                   f"after {by_dtype(self.bytes_after)}")
+      # A size of the program, not its memory: XLA reuses buffers and
+      # fuses values away (compile() adds its figures on the next line).
+      lines.append("  float values computed, by dtype (every SSA value "
+                   "once, not memory use): before "
+                   f"{by_dtype(self.bytes_before)}; after "
+                   f"{by_dtype(self.bytes_after)}")
     if self.memory:
-      lines.append("  XLA memory: " + ", ".join(
+      lines.append("  XLA memory (after compile()): " + ", ".join(
           f"{k} {_mib(v)}" for k, v in self.memory.items()))
     if self.xla is not None:
       kept = sum(v == survival.KEPT for v in self.xla.stored.values())

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import (TYPE_CHECKING, Any, Callable, Mapping, NamedTuple,
                     Sequence)
 
+import inspect
 import warnings
 
 import jax
@@ -56,37 +57,108 @@ def _stored_low(x: Any) -> bool:
                                                jnp.dtype(jnp.bfloat16)))
 
 
-def _f8_blocks(shape: Sequence[int]) -> tuple[int, int]:
-  """The shape opt_state_dtype="f8" stores a tensor of `shape` as
-  (`optimizer_state_f8` in the contract: blocks of codes, each followed by
-  its f32 scale's bytes)."""
-  layout = contract.document()["optimizer_state_f8"]
-  count = int(np.prod(shape, dtype=np.int64))
-  return (-(-count // layout["block"]),
-          layout["block"] + layout["scale_bytes"])
-
-
 def _encode_f8(x: Any) -> jax.Array:
   """`x` (f32) in the f8 layout, as amp-round-state encodes a step's new
   state (RoundState.cpp, encodeBlocks; `test_update_rounding.py` holds the
   two to the same bytes): the first state, which the optimizer makes."""
   layout = contract.document()["optimizer_state_f8"]
-  blocks, _ = _f8_blocks(jnp.shape(x))
+  stored = contract.f8_state_shape(tuple(jnp.shape(x)))
+  group = stored[:-1] + (layout["block"],)
   x = jnp.asarray(x, jnp.float32)
-  flat = jnp.ravel(jnp.sign(x) * jnp.sqrt(jnp.abs(x)))  # companded
-  flat = jnp.pad(flat, (0, blocks * layout["block"] - flat.size))
-  grouped = flat.reshape(blocks, layout["block"])
-  largest = jnp.max(jnp.abs(grouped), axis=1)
+  roots = jnp.sign(x) * jnp.sqrt(jnp.abs(x))  # companded
+  padded = int(np.prod(group, dtype=np.int64))
+  if padded != roots.size:  # the flat layout, zero-padded
+    roots = jnp.pad(jnp.ravel(roots), (0, padded - roots.size))
+  grouped = roots.reshape(group)
+  largest = jnp.max(jnp.abs(grouped), axis=-1)
   scale = largest / jnp.float32(layout["max"])
   divisor = jnp.where(largest > 0, scale, jnp.float32(1))
-  scaled = grouped / divisor[:, None]
+  scaled = grouped / divisor[..., None]
   lifted = jnp.sign(scaled) * jnp.maximum(jnp.abs(scaled),
                                           jnp.float32(layout["smallest"]))
   codes = jnp.clip(lifted, -layout["max"],
                    layout["max"]).astype(jnp.float8_e4m3fn)
   return jnp.concatenate(
       [jax.lax.bitcast_convert_type(codes, jnp.uint8),
-       jax.lax.bitcast_convert_type(scale, jnp.uint8)], axis=1)
+       jax.lax.bitcast_convert_type(scale, jnp.uint8)], axis=-1)
+
+
+def _f8_block_sharding(sharding: Any, shape: Sequence[int]
+                       ) -> tuple[Any, bool]:
+  """How the f8 blocks of a tensor of `shape` sharded by `sharding` are
+  sharded: like the tensor along the leading dimensions the layout keeps,
+  and over the other dimensions' mesh axes along the blocks when their
+  devices divide the block count (each device then holds the blocks of its
+  own part of the tensor, when its part is whole blocks). Also whether
+  any mesh axis could not be kept (the blocks are replicated over it).
+  (None, False) for a sharding that is no NamedSharding (one device)."""
+  from jax.sharding import NamedSharding, PartitionSpec
+  if not isinstance(sharding, NamedSharding):
+    return None, False
+  stored = contract.f8_state_shape(tuple(shape))
+  kept = len(stored) - 2
+  spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
+  merged = [axis for entry in spec[kept:] if entry is not None
+            for axis in (entry if isinstance(entry, tuple) else (entry,))]
+  devices = int(np.prod([sharding.mesh.shape[a] for a in merged], dtype=int))
+  blocks_entry = None
+  if merged and stored[-2] % devices == 0:
+    blocks_entry = tuple(merged) if len(merged) > 1 else merged[0]
+  lost = bool(merged) and blocks_entry is None
+  return NamedSharding(sharding.mesh, PartitionSpec(
+      *spec[:kept], blocks_entry, None)), lost
+
+
+def _explicit(mesh: Any) -> bool:
+  """Whether `mesh` has explicit axes (jax.make_mesh's default in newer
+  JAX), under which a computation's shardings are part of its types."""
+  return any("explicit" in str(kind).lower()
+             for kind in getattr(mesh, "axis_types", None) or ())
+
+
+def _encode_f8_like(x: Any, sharding: Any) -> jax.Array:
+  """`_encode_f8(x)`, sharded by `sharding` (an `_f8_block_sharding`)."""
+  if sharding is None:
+    return _encode_f8(x)
+  encode = _encode_f8
+  if _explicit(sharding.mesh):
+    # Under explicit axes the flattening would need a sharding per step;
+    # the encoding is left to the partitioner, and its result placed.
+    encode = jax.sharding.auto_axes(_encode_f8, out_sharding=sharding)
+  return jax.jit(encode, out_shardings=sharding)(x)
+
+
+def _state_shardings(state: "TrainState") -> tuple:
+  """The NamedSharding of each leaf of the state the step carries
+  (parameters, optimizer state, model state, compensation buffers), None
+  where there is none (one device, or a tracer: a step inside a jit). The
+  step's new state keeps them: XLA's sharding propagation would otherwise
+  choose for values it computes (f8 blocks came back replicated)."""
+  from jax.sharding import NamedSharding
+  leaves = jax.tree_util.tree_leaves((state.params, state.opt_state,
+                                      state.model_state, state.compensation))
+  return tuple(
+      x.sharding if isinstance(x, jax.Array) and
+      not isinstance(x, jax.core.Tracer) and
+      isinstance(getattr(x, "sharding", None), NamedSharding) else None
+      for x in leaves)
+
+
+def _keep_shardings(tree: Any, shardings: tuple) -> Any:
+  """`tree` with each leaf constrained to its sharding (None: left to
+  XLA)."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  if len(leaves) != len(shardings) or not any(shardings):
+    return tree
+  constrained = []
+  for leaf, sharding in zip(leaves, shardings):
+    if sharding is None:
+      constrained.append(leaf)
+    elif _explicit(sharding.mesh):
+      constrained.append(jax.sharding.reshard(leaf, sharding))
+    else:
+      constrained.append(jax.lax.with_sharding_constraint(leaf, sharding))
+  return jax.tree_util.tree_unflatten(treedef, constrained)
 
 
 def _lowering_inputs(params: Any, *others: Any,
@@ -107,6 +179,58 @@ def _lowering_inputs(params: Any, *others: Any,
   specs = jax.tree_util.tree_unflatten(treedef,
                                        prog.export_specs(avals, as_f32))
   return tuple(specs), flags, leaves
+
+
+def _check_flag(name: str, value: Any) -> None:
+  """TypeError unless `value` is a bool: a string such as 'no' is truthy,
+  and would silently mean True."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def _check_keep_f32_state(keep: Any) -> None:
+  """TypeError unless `keep` is a function that can be called as
+  keep(path, leaf), as jax.tree_util.tree_map_with_path calls it."""
+  usage = ("keep_f32_state must be a function (path, leaf) -> bool over the "
+           "optimizer state's leaves, like jax.tree_util.tree_map_with_path"
+           "'s")
+  if not callable(keep):
+    raise TypeError(f"{usage}, got a {type(keep).__name__}")
+  try:
+    inspect.signature(keep).bind(None, None)
+  except TypeError:
+    raise TypeError(f"{usage}; the function given cannot be called with "
+                    "two arguments (for a test of the leaf alone, write "
+                    "lambda path, leaf: ...)") from None
+  except ValueError:  # no signature (a builtin): called as it is
+    pass
+
+
+def _optimizer_hint(optimizer: Any) -> str:
+  """What to do with something passed as the optimizer that is not an optax
+  GradientTransformation."""
+  if not callable(optimizer):
+    return ""
+  name = getattr(optimizer, "__name__", "")
+  qualname = getattr(optimizer, "__qualname__", name)
+  module = getattr(optimizer, "__module__", "") or ""
+  if "<locals>" in qualname or getattr(optimizer, "__self__", None):
+    return (": pass the GradientTransformation itself (for example "
+            "optax.sgd(0.1)), not its update or init function")
+  if module.split(".")[0] == "optax" and name:
+    return f": call it, e.g. optax.{name}(learning_rate)"
+  return ""
+
+
+def _traced_as(user_fun: Callable, module_fn: Callable) -> Callable:
+  """`module_fn`, named for JAX's tracing errors as the user's function
+  (a tracer error says "while tracing the function loss at model.py:12",
+  not the driver's module_fn)."""
+  # Its own signature (the arguments JAX names), the user's code location.
+  module_fn.__signature__ = inspect.signature(module_fn)
+  module_fn.__name__ = module_fn.__qualname__ = function_name(user_fun)
+  module_fn.__wrapped__ = user_fun
+  return module_fn
 
 
 def _check_scalar_loss(loss: Any, fun: Callable, has_aux: bool) -> None:
@@ -302,6 +426,7 @@ class ValueAndGrad(_LossScaledProgram):
   def __init__(self, fun: Callable, policy: Policy | str, *, has_aux: bool,
                argnums: int | Sequence[int], **options):
     super().__init__(fun, policy, options)
+    _check_flag("has_aux", has_aux)
     self.has_aux = has_aux
     self.argnums = argnums
     if isinstance(argnums, int):
@@ -324,7 +449,7 @@ class ValueAndGrad(_LossScaledProgram):
       return _grad_of_floats(loss_of, diff, seed, has_aux=has_aux,
                              user_fun=fun)
 
-    self._inner = jax.jit(module_fn)
+    self._inner = jax.jit(_traced_as(fun, module_fn))
     self._outer = OuterJit(self._traced, self._options)
 
   def _positions(self, count: int) -> tuple[int, ...]:
@@ -447,6 +572,11 @@ class TrainState(NamedTuple):
   # other leaves); None otherwise.
   compensation: Any = None
 
+  def replace(self, **changes: Any) -> "TrainState":
+    """A copy with the given fields replaced, as flax's struct.replace
+    (and NamedTuple's _replace)."""
+    return self._replace(**changes)
+
 
 class TrainStep(_LossScaledProgram):
   """`amp.train_step(...)`: ``state = step.init(params)``, then
@@ -461,12 +591,10 @@ class TrainStep(_LossScaledProgram):
                keep_f32_state: Callable[[Any, Any], bool] | None = None,
                **options):
     super().__init__(loss_fn, policy, options)
+    _check_flag("donate", donate)
+    _check_flag("has_aux", has_aux)
     if keep_f32_state is not None:
-      if not callable(keep_f32_state):
-        raise TypeError(
-            "keep_f32_state must be a function (path, leaf) -> bool over the "
-            "optimizer state's leaves, like jax.tree_util.tree_map_with_path"
-            f"'s, got a {type(keep_f32_state).__name__}")
+      _check_keep_f32_state(keep_f32_state)
       if self._options.opt_state_dtype == "f32":
         raise ValueError(
             "keep_f32_state= selects optimizer-state leaves to keep in f32 "
@@ -493,20 +621,24 @@ class TrainStep(_LossScaledProgram):
       name = getattr(optimizer, "__name__", type(optimizer).__name__)
       raise TypeError(
           "optimizer must be an optax GradientTransformation (with init and "
-          f"update), got {name!r}"
-          + (f": call it, e.g. optax.{name}(learning_rate)"
-             if callable(optimizer) else ""))
+          f"update), got {name!r}" + _optimizer_hint(optimizer))
     self.optimizer = optimizer
     self.has_aux = has_aux
     self.donate = donate
     self._stuck_steps, self._warned_stuck = 0, False
+    self._expected_states: dict = {}  # by the parameters' signature
     check_loss_scale(loss_scale)
     self._initial_loss_scale = (loss_scale if loss_scale is not None else
                                 default_loss_scale(self.policy.compute_dtype))
-    self._inner_with_state = jax.jit(self._module_fn(with_state=True))
-    self._inner_without_state = jax.jit(self._module_fn(with_state=False))
+    self._inner_with_state = jax.jit(
+        _traced_as(loss_fn, self._module_fn(with_state=True)))
+    self._inner_without_state = jax.jit(
+        _traced_as(loss_fn, self._module_fn(with_state=False)))
+    # The third argument, static: the shardings of the state's leaves,
+    # which the new state keeps (see _state_shardings).
     self._outer = OuterJit(self._traced, self._options,
-                            donate_argnums=(0,) if donate else ())
+                            donate_argnums=(0,) if donate else (),
+                            static_argnums=(2,))
 
   def _module_fn(self, with_state: bool) -> Callable:
     loss_fn, has_aux = self.fun, self.has_aux
@@ -571,9 +703,19 @@ class TrainStep(_LossScaledProgram):
     opt_state = self.optimizer.init(_optimizer_view(params))
     # Stored low (the step reads and updates it in f32).
     flags = iter(self._state_stored_low(opt_state))
+    replicated: list[str] = []
     opt_state = jax.tree_util.tree_map_with_path(
-        lambda path, x: self._store_low(path, x) if next(flags) else x,
-        opt_state)
+        lambda path, x: self._store_low(path, x, replicated)
+        if next(flags) else x, opt_state)
+    if replicated:
+      warnings.warn(
+          "stablehlo-amp: opt_state_dtype='f8' cannot shard these "
+          "optimizer-state leaves like their parameters and keeps them "
+          f"replicated over some mesh axes: {', '.join(replicated)}. Their "
+          f"blocks of {contract.document()['optimizer_state_f8']['block']} "
+          "values run along the last dimensions, and the devices do not "
+          "each hold whole blocks; keep them f32 (keep_f32_state) or bf16, "
+          "or shard the parameter along an earlier dimension", stacklevel=2)
     params = jax.tree_util.tree_map(
         lambda x: x.astype(self.policy.param_dtype)
         if is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
@@ -593,13 +735,73 @@ class TrainStep(_LossScaledProgram):
                       jnp.zeros((), jnp.int32), model_state,
                       rounding_key=rounding_key, compensation=compensation)
 
-  def _store_low(self, path: Any, x: Any) -> Any:
+  def _expected_opt_state(self, params: Any) -> Any:
+    """The optimizer state this step takes for `params`, as shapes and
+    dtypes: the optimizer's own, with the leaves stored low as they are
+    stored (bf16, or the f8 layout)."""
+    key = prog.signature_key(params)
+    if key not in self._expected_states:
+      made = jax.eval_shape(
+          lambda p: self.optimizer.init(_optimizer_view(p)), params)
+      flags = iter(self._state_stored_low(made))
+
+      def stored(x):
+        if not next(flags):
+          return x
+        if self._options.opt_state_dtype == "bf16":
+          return jax.ShapeDtypeStruct(x.shape, jnp.bfloat16)
+        return jax.ShapeDtypeStruct(contract.f8_state_shape(tuple(x.shape)),
+                                    jnp.uint8)
+      self._expected_states[key] = jax.tree_util.tree_map(stored, made)
+    return self._expected_states[key]
+
+  def _check_opt_state(self, state: "TrainState") -> None:
+    """TypeError naming the first optimizer-state leaf that is not what
+    this step's optimizer makes for the state's parameters, as this step
+    stores it: a state of another step (f8 blocks under
+    opt_state_dtype='bf16', a plain optax state under a low-precision
+    one) or of other parameters."""
+    expected = self._expected_opt_state(state.params)
+    how = (f" (opt_state_dtype={self._options.opt_state_dtype!r})"
+           if self._options.opt_state_dtype != "f32" else "")
+    remedy = ("Make the state with this step's init; to restore a "
+              "checkpoint, restore into jax.eval_shape(step.init, params) "
+              "with the options it was saved with")
+    want, want_tree = jax.tree_util.tree_flatten_with_path(expected)
+    got, got_tree = jax.tree_util.tree_flatten_with_path(state.opt_state)
+    if want_tree != got_tree:
+      raise TypeError(
+          "the state's optimizer state does not have the structure this "
+          f"step's optimizer makes for its parameters: expected {want_tree}, "
+          f"got {got_tree}. {remedy}")
+    for (path, a), (_, b) in zip(want, got):
+      shape, dtype = tuple(jnp.shape(b)), jnp.dtype(jax_compat.dtype_of(b))
+      if shape == tuple(a.shape) and dtype == jnp.dtype(a.dtype):
+        continue
+      where = f"opt_state{jax.tree_util.keystr(path)}"
+      raise TypeError(
+          f"the state's {where} is {dtype.name}{list(shape)}, and this step"
+          f"{how} takes {jnp.dtype(a.dtype).name}{list(a.shape)} there: "
+          + ("it was made for parameters of other shapes. "
+             if dtype == jnp.dtype(a.dtype) else
+             "it was made by another step or by the optimizer alone. ")
+          + remedy)
+
+  def _store_low(self, path: Any, x: Any, replicated: list[str]) -> Any:
     """An optimizer-state leaf as opt_state_dtype stores it: bf16, or the
-    f8 layout."""
-    del path
+    f8 layout, its blocks sharded over the devices the leaf is sharded
+    over. `replicated` collects the sharded leaves of more than 64 KiB
+    whose blocks cannot be (a bias's few blocks go without saying)."""
     if self._options.opt_state_dtype == "bf16":
       return x.astype(jnp.bfloat16)
-    return _encode_f8(x)
+    sharding, unsharded = (
+        (None, False) if isinstance(x, jax.core.Tracer) else
+        _f8_block_sharding(getattr(x, "sharding", None), jnp.shape(x)))
+    stored = contract.f8_state_shape(tuple(jnp.shape(x)))
+    if unsharded and np.prod(stored) > 64 * 1024:
+      replicated.append(f"opt_state{jax.tree_util.keystr(path)} "
+                        f"(uint8{list(stored)})")
+    return _encode_f8_like(x, sharding)
 
   def _state_stored_low(self, opt_state: Any) -> list[bool]:
     """Per optimizer-state leaf: whether it is stored low
@@ -613,11 +815,11 @@ class TrainStep(_LossScaledProgram):
 
   def __call__(self, state: TrainState, batch: Any):
     self._check_state(state)
-    return self._outer(state, batch)
+    return self._outer(state, batch, _state_shardings(state))
 
   def lower(self, state: TrainState, batch: Any) -> Lowered:
     self._check_state(state)
-    jax_lowered = self._outer.lower(state, batch)
+    jax_lowered = self._outer.lower(state, batch, _state_shardings(state))
     return Lowered(jax_lowered,
                    self._programs.get(self._program_key(state, batch)))
 
@@ -650,13 +852,14 @@ class TrainStep(_LossScaledProgram):
             f"is {dtype}, and this step's policy {self.policy} keeps "
             f"parameters in {want.name}: the state was made by another "
             "step; make it with this step's init")
+    self._check_opt_state(state)
 
   def _program_key(self, state: TrainState, batch: Any) -> Any:
     # The amax histories appear after the first step; the program is the
     # same with or without them.
     return prog.signature_key((state._replace(amax_history=None), batch))
 
-  def _traced(self, state: TrainState, batch):
+  def _traced(self, state: TrainState, batch, shardings: tuple):
     seed = jnp.ones((), jnp.float32)
     params, opt_state, model_state = (state.params, state.opt_state,
                                       state.model_state)
@@ -706,6 +909,9 @@ class TrainStep(_LossScaledProgram):
                         if state.compensation is not None else None)
     loss, aux, new_params, new_opt_state, new_model_state = (
         jax.tree_util.tree_unflatten(program.out_tree, outputs))
+    new_params, new_opt_state, new_model_state, new_compensation = (
+        _keep_shardings((new_params, new_opt_state, new_model_state,
+                         new_compensation), shardings))
     finite = state.loss_scale.grads_finite(extra)
     loss_scale = state.loss_scale.with_state(extra)
     # An overflowed step's amaxes (inf) stay out of the histories.

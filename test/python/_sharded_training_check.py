@@ -1,0 +1,127 @@
+"""Runs `amp.train_step` with FSDP-sharded state on 8 CPU devices; prints
+what it saw as JSON.
+
+`test_sharded_training.py` runs this in a subprocess with
+XLA_FLAGS=--xla_force_host_platform_device_count=8 (JAX reads it once, when
+it initialises its backend); the assertions live in the test.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import stablehlo_amp as amp
+from stablehlo_amp._src import hlo
+
+# Leaf -> how FSDP shards it over the one axis "fsdp". The kernels hold
+# whole f8 blocks on every device; "narrow" does not (2 blocks a row over 8
+# devices), so its f8 moments cannot shard along that axis.
+SPECS = {"w1": (None, "fsdp"), "b1": ("fsdp",), "w2": ("fsdp", None),
+         "narrow": (None, "fsdp")}
+
+
+def loss(params, batch):
+  h = jax.nn.relu(batch @ params["w1"] + params["b1"])
+  y = jnp.mean((h @ params["w2"]) ** 2)
+  if "narrow" in params:
+    y += jnp.mean((batch[:, :128] @ params["narrow"]) ** 2)
+  return y
+
+
+def make_params(narrow: bool) -> dict:
+  keys = jax.random.split(jax.random.key(0), 4)
+  params = {"w1": jax.random.normal(keys[0], (256, 2048)) / 16,
+            "b1": jnp.zeros((2048,)),
+            "w2": jax.random.normal(keys[1], (2048, 256)) / 45}
+  if narrow:
+    params["narrow"] = jax.random.normal(keys[2], (128, 512)) / 11
+  return params
+
+
+def _spec(x) -> list | None:
+  spec = getattr(getattr(x, "sharding", None), "spec", None)
+  if spec is None:
+    return None
+  spec = tuple(spec) + (None,) * (x.ndim - len(spec))
+  return [list(p) if isinstance(p, tuple) else p for p in spec]
+
+
+def _leaves(tree) -> dict:
+  return {jax.tree_util.keystr(path): x for path, x in
+          jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(x, "shape")}
+
+
+def _collectives(text: str) -> dict[str, int]:
+  found = hlo.Module.parse(text).collectives()
+  return {kind: sum(c.kind == kind for c in found)
+          for kind in hlo.COLLECTIVE_KINDS}
+
+
+def run(mesh: Mesh, opt_state_dtype: str, narrow: bool = False,
+        steps: int = 2) -> dict:
+  """`steps` FSDP steps of the model (with the leaf whose f8 blocks cannot
+  shard, if `narrow`): the state's shardings after init and after the
+  steps, the compiled step's collectives, and how far its parameters are
+  from the same steps on one device."""
+  params = make_params(narrow)
+  shard = {k: NamedSharding(mesh, P(*SPECS[k])) for k in params}
+  batch = jax.random.normal(jax.random.key(1), (64, 256))
+  options = {} if opt_state_dtype == "f32" else {
+      "opt_state_dtype": opt_state_dtype}
+  make_step = lambda: amp.train_step(loss, optax.adam(1e-3),
+                                     "p=bf16,c=bf16,o=f32", **options)
+  step = make_step()
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    state = step.init(jax.device_put(params, shard))
+  init_specs = {k: _spec(x) for k, x in _leaves(state).items()}
+  sharded_batch = jax.device_put(batch, NamedSharding(mesh, P("fsdp", None)))
+  compiled = step.lower(state, sharded_batch).compile().as_text()
+  for _ in range(steps):
+    state, _ = step(state, sharded_batch)
+  one = make_step()
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    single_state = one.init(jax.device_put(params, jax.devices()[0]))
+  for _ in range(steps):
+    single_state, _ = one(single_state, jax.device_put(batch,
+                                                       jax.devices()[0]))
+  return {
+      "warnings": [str(w.message) for w in caught],
+      "init": init_specs,
+      "after": {k: _spec(x) for k, x in _leaves(state).items()},
+      "shapes": {k: list(x.shape) for k, x in _leaves(state).items()},
+      "collectives": _collectives(compiled),
+      "max_param_difference": max(
+          float(np.max(np.abs(np.asarray(a, np.float32) -
+                              np.asarray(b, np.float32))))
+          for a, b in zip(jax.tree_util.tree_leaves(state.params),
+                          jax.tree_util.tree_leaves(single_state.params))),
+  }
+
+
+def main() -> None:
+  meshes = {"auto": Mesh(np.array(jax.devices()), ("fsdp",))}
+  axis_type = getattr(jax.sharding, "AxisType", None)
+  if axis_type is not None and hasattr(axis_type, "Explicit"):
+    meshes["explicit"] = jax.make_mesh((8,), ("fsdp",),
+                                       axis_types=(axis_type.Explicit,))
+  results = {f"auto-{dtype}": run(meshes["auto"], dtype)
+             for dtype in ("f32", "bf16", "f8")}
+  results["auto-f8-narrow"] = run(meshes["auto"], "f8", narrow=True)
+  if "explicit" in meshes:
+    results["explicit-f8"] = run(meshes["explicit"], "f8")
+  json.dump({"device_count": jax.device_count(), "cases": results},
+            sys.stdout)
+
+
+if __name__ == "__main__":
+  main()
