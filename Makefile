@@ -235,9 +235,20 @@ $(PYPI_VENV)/.built: $(PYPI_VENV)/.deps $(SOURCES)
 
 # Does XLA keep what the passes decide? The XLA:CPU build of the GPU compile
 # harness at a tiny size: it fails when a stored value or FP8 GEMM is lost.
+# Then the LM step sharded over 8 CPU devices, FSDP and FSDP x tensor
+# parallel, each variant that makes decisions: XLA's SPMD partitioner must
+# keep them too.
+SHARDED_SURVIVAL_VARIANTS := f32,ours-bf16,ours-bf16-gemm-f8,ours-bf16-reduce-bf16,$\
+  ours-bf16-params-bf16-stochastic-moments-f8,jmp-style
 test-survival: build
 	env JAX_PLATFORMS=cpu $(PY) -m bench.gpu_compile --target cpu --size smoke \
 	  --json build/gpu-compile-cpu-smoke.json
+	for mesh in fsdp fsdp=4,tp=2; do \
+	  env JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+	    $(PY) -m bench.gpu_compile --target cpu --size smoke --models lm \
+	    --devices 8 --mesh $$mesh --variants $(SHARDED_SURVIVAL_VARIANTS) \
+	    --json build/gpu-compile-cpu-smoke-8-$$mesh.json || exit 1; \
+	done
 
 # Every benchmark once at a tiny size (`python -m bench.SCRIPT --smoke`: tiny
 # models, 1 to 3 steps, one seed; bench/results/*-smoke.json), so that a

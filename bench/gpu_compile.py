@@ -9,7 +9,18 @@ without a GPU (JAX's deviceless ahead-of-time compilation), read back.
 
 Compiles the LM (4 layers, d_model 1024, 8 heads, seq 512, batch 16, Adam)
 and the MLP (784-4096-4096-10, batch 2048, Adam) training steps, state
-donated, for each variant:
+donated, for each variant. Sharded over several devices (--devices N
+--mesh fsdp | fsdp=4,tp=2 --topology 1x1x8 | 1x2x4; the shardings are
+bench/common.py's, NamedShardings on the inputs), it also prints the bytes
+each device moves, by collective and dtype:
+
+    python -m bench.gpu_compile --models lm --devices 8 --batch 32
+    python -m bench.gpu_compile --models lm --devices 8 --batch 32 --mesh fsdp=4,tp=2
+    python -m bench.gpu_compile --models lm --devices 8 --batch 32 --topology 1x2x4
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+      python -m bench.gpu_compile --target cpu --size smoke --devices 8
+
+The variants:
 
   f32                 jax.jit of the plain step
   ours-bf16           amp.train_step(..., "p=f32,c=bf16,o=f32")
@@ -25,6 +36,12 @@ donated, for each variant:
                       compensation buffer per parameter), bf16 moments
   ours-bf16-params-bf16-stochastic-moments-f8  stochastic, block-scaled FP8
                       moments (opt_state_dtype="f8")
+  ours-bf16-reduce-bf16   ours-bf16 with reduce_dtype="bf16": the backward
+                      GEMMs write bf16, so XLA reduces their partial sums
+                      (the gradient reduce-scatter) in bf16
+  ours-bf16-reduce-bf16-dot-bf16  the same with dot_result="compute": every
+                      GEMM writes bf16, forward ones too
+  ours-bf16-gemm-f8-reduce-bf16   gemm=f8 with reduce_dtype="bf16"
   jmp-style           parameters cast to bf16 inside the loss by hand,
                       f32 master parameters and Adam state (jmp's recipe)
   all-bf16            parameters, Adam state and compute in bf16
@@ -98,8 +115,9 @@ VARIANTS = ("f32", "ours-bf16", "ours-f16", "ours-bf16-gemm-f8",
             "ours-bf16-moments-bf16", "ours-bf16-params-bf16-stochastic",
             "ours-bf16-params-bf16-stochastic-moments-bf16",
             "ours-bf16-params-bf16-kahan-moments-bf16",
-            "ours-bf16-params-bf16-stochastic-moments-f8", "jmp-style",
-            "all-bf16")
+            "ours-bf16-params-bf16-stochastic-moments-f8",
+            "ours-bf16-reduce-bf16", "ours-bf16-reduce-bf16-dot-bf16",
+            "ours-bf16-gemm-f8-reduce-bf16", "jmp-style", "all-bf16")
 # --smoke: f32 (the baseline), ours with both kinds of decisions XLA must
 # keep (stored values, FP8 GEMMs), and a hand-cast step; `make
 # test-survival` compiles every variant (unsharded).
@@ -125,10 +143,23 @@ OURS = {
     "ours-bf16-params-bf16-stochastic-moments-f8": (
         "p=bf16,c=bf16,o=f32", {"update_rounding": "stochastic",
                                 "opt_state_dtype": "f8"}),
+    # The precision of what XLA reduces across devices: the backward
+    # pass's GEMMs written in bf16 (reduce_dtype), and every GEMM too
+    # (dot_result).
+    "ours-bf16-reduce-bf16": ("p=f32,c=bf16,o=f32", {"reduce_dtype": "bf16"}),
+    "ours-bf16-reduce-bf16-dot-bf16": (
+        "p=f32,c=bf16,o=f32", {"reduce_dtype": "bf16",
+                               "dot_result": "compute"}),
+    "ours-bf16-gemm-f8-reduce-bf16": ("p=f32,c=bf16,o=f32,gemm=f8",
+                                      {"reduce_dtype": "bf16"}),
 }
 # Decisions a backend is known not to keep, with the reason; any other loss
 # fails the run.
 KNOWN_LOSSES = {
+    ("cpu", "ours-bf16-reduce-bf16-dot-bf16"):
+        "dot_result='compute' on XLA:CPU, which has no GEMM that writes "
+        "bf16: it runs the dots upcast and fuses the stored values' "
+        "rounding into their f32 readers",
     ("cpu", "ours-f16"):
         "XLA:CPU expands optimization barriers before fusion and, having no "
         "f16 kernels, fuses the f16 rounding into the f32 readers: no f16 "

@@ -400,6 +400,10 @@ llvm::Expected<std::string> canonicalTarget(llvm::StringRef value, Target) {
 llvm::Expected<std::string> canonicalDotResult(llvm::StringRef value, Target) {
   return canonical(parseDotResult(value), dotResultName);
 }
+llvm::Expected<std::string> canonicalReduceDtype(llvm::StringRef value,
+                                                 Target) {
+  return canonicalReduceDtypeName(value);
+}
 llvm::Expected<std::string> canonicalStorage(llvm::StringRef value,
                                              Target target) {
   return canonical(parseStorage(value, target), storageName);
@@ -475,6 +479,8 @@ const EntryOption kEntryOptions[] = {
     {"storage_min_elements", "amp-insert-converts", "storage-min-elements",
      OptionKind::Int, false, false, false, nullptr, nullptr, /*minimum=*/1},
     {"strict", "amp-insert-converts", "strict", OptionKind::Bool},
+    {"reduce_dtype", "amp-insert-converts", "reduce-dtype",
+     OptionKind::Choice, false, false, false, canonicalReduceDtype},
     {"rematerialize", "amp-rematerialize", "", OptionKind::Bool, false, false,
      false, nullptr, rematerializeDefault, 0,
      "On a training step, recompute cheap elementwise residuals in the "
@@ -597,6 +603,7 @@ llvm::json::Object passesJson() {
       {"keep-groups", option(llvm::json::Array())},
       {"storage-min-elements", option(convert.storageMinElements)},
       {"strict", option(convert.strict)},
+      {"reduce-dtype", option(convert.reduceDtype, reduceDtypeNames())},
       {"report", option(convert.report)},
   };
   AmpFp8GemmsPassOptions fp8;

@@ -112,7 +112,8 @@ private:
   Quantized quantize(OpBuilder &builder, Operation *dot, Value operand,
                      const OperandPlan &plan, func::FuncOp main);
   void replaceWithFp8Dot(OpBuilder &builder, Operation *dot,
-                         const Quantized &lhs, const Quantized &rhs);
+                         const Quantized &lhs, const Quantized &rhs,
+                         bool computeResult);
   /// FP8 dots made so far, in program order (their survival markers).
   unsigned fp8DotCount = 0;
 
@@ -268,20 +269,28 @@ Value Fp8GemmsPass::widened(OpBuilder &builder, Location loc, Value operand) {
 /// and cuBLASLt's FP8 GEMM); XLA:CPU runs it upcast to f32, exactly.
 void Fp8GemmsPass::replaceWithFp8Dot(OpBuilder &builder, Operation *dot,
                                      const Quantized &lhs,
-                                     const Quantized &rhs) {
+                                     const Quantized &rhs,
+                                     bool computeResult) {
   Location loc = dot->getLoc();
   auto resultType = cast<RankedTensorType>(dot->getResult(0).getType());
-  auto f32Result = RankedTensorType::get(resultType.getShape(),
-                                         builder.getF32Type());
+  // The GEMM writes f32 (rounded once to the dot's own type after
+  // scaling), or with `computeResult` the dot's compute type, scaled there.
+  auto productType = computeResult
+                         ? resultType
+                         : RankedTensorType::get(resultType.getShape(),
+                                                 builder.getF32Type());
   Value product =
       shlo::buildDotGeneral(builder, dot, lhs.value, rhs.value,
-                            *shlo::getDotDimensions(dot), f32Result);
+                            *shlo::getDotDimensions(dot), productType);
   Value scale = shlo::buildElementwise(builder, loc, "multiply",
                                        {lhs.scale, rhs.scale});
+  if (computeResult)
+    scale = shlo::buildConvert(builder, loc, scale,
+                               productType.getElementType());
   Value result = shlo::buildElementwise(
       builder, loc, "multiply",
-      {product, shlo::buildBroadcastScalar(builder, loc, scale, f32Result)});
-  if (resultType.getElementType() != f32Result.getElementType())
+      {product, shlo::buildBroadcastScalar(builder, loc, scale, productType)});
+  if (resultType.getElementType() != productType.getElementType())
     result = shlo::buildConvert(builder, loc, result,
                                 resultType.getElementType());
   shlo::markDecision(product.getDefiningOp(), attr::kFp8Marker,
@@ -369,7 +378,14 @@ void Fp8GemmsPass::runOnOperation() {
     annotate(dot,
              formats + (delayed ? ", delayed scaling" : ", current scaling"),
              fp8DotCount);
-    replaceWithFp8Dot(builder, dot, operands[0], operands[1]);
+    // A backward dot amp-insert-converts made in the compute dtype
+    // (reduce-dtype=compute) stays so: XLA reduces its partial sums in the
+    // dtype the GEMM writes.
+    bool computeResult =
+        gradients.contains(dot->getResult(0)) &&
+        shlo::getFloatElementType(dot->getResult(0).getType()).getWidth() ==
+            16;
+    replaceWithFp8Dot(builder, dot, operands[0], operands[1], computeResult);
   }
 }
 

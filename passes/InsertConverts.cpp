@@ -359,8 +359,11 @@ void ConvertRewriter::canonicalizeCpuDots() {
       options.dotResult != DotResult::F32)
     return;
   // The new dot keeps the old one's attributes, its decision included.
+  // A dot made in the compute dtype (reduce-dtype=compute) is no mixed dot:
+  // XLA:CPU runs it as it is.
   for (Operation *dot : lowDots)
-    canonicalizeDotForCpu(dot);
+    if (analysis.isFull(dot->getResult(0).getType()))
+      canonicalizeDotForCpu(dot);
 }
 
 bool ConvertRewriter::run() {
@@ -448,6 +451,11 @@ llvm::Error InsertConvertsPass::parseOptions() {
                                      "' is named in both keep-f32 and "
                                      "force-compute");
   parsed.strict = strict;
+  llvm::Expected<ReduceDtype> reduceOr =
+      parseReduceDtype(reduceDtype, parsed.policy.compute);
+  if (!reduceOr)
+    return invalid("reduce-dtype", reduceOr.takeError());
+  parsed.reduceDtype = *reduceOr;
   if (storageMinElements < 1)
     return llvm::createStringError(
         "invalid option 'storage-min-elements': must be at least 1, got " +

@@ -209,6 +209,12 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
            "Every rounding in a form XLA keeps: low-precision elementwise "
            "results stay f32, rounded by reduce_precision (see the "
            "description)">,
+    Option<"reduceDtype", "reduce-dtype", "std::string",
+           "::mlir::amp::reduceDtypeName(::mlir::amp::kDefaultReduceDtype).str()",
+           "Result dtype of the backward pass's matrix multiplies, whose "
+           "partial sums SPMD partitioning reduces across devices (the "
+           "gradient reduce-scatter): f32, or compute (the compute dtype, "
+           "also by its name)">,
     Option<"report", "report", "bool", "false",
            "Attach each op's decision as an `amp.decision` attribute, and "
            "mark inserted converts `amp.inserted`">,

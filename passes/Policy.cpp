@@ -106,6 +106,7 @@ constexpr llvm::StringRef kDotResultNames[] = {"f32", "compute"};
 constexpr DotResult kDotResults[] = {DotResult::F32, DotResult::Compute};
 constexpr llvm::StringRef kStorageNames[] = {"f32", "compute"};
 constexpr Storage kStorages[] = {Storage::F32, Storage::Compute};
+constexpr llvm::StringRef kReduceDtypeNames[] = {"f32", "compute"};
 
 } // namespace
 
@@ -309,6 +310,43 @@ llvm::ArrayRef<llvm::StringRef> mlir::amp::dotResultNames() {
 }
 llvm::ArrayRef<llvm::StringRef> mlir::amp::storageNames() {
   return kStorageNames;
+}
+llvm::ArrayRef<llvm::StringRef> mlir::amp::reduceDtypeNames() {
+  return kReduceDtypeNames;
+}
+llvm::StringRef mlir::amp::reduceDtypeName(ReduceDtype reduce) {
+  return kReduceDtypeNames[static_cast<int>(reduce)];
+}
+
+llvm::Expected<std::string>
+mlir::amp::canonicalReduceDtypeName(llvm::StringRef text) {
+  text = text.trim();
+  if (llvm::is_contained(kReduceDtypeNames, text))
+    return text.str();
+  std::optional<Dtype> dtype = lookup(kDtypeSpellings, text);
+  if (dtype == Dtype::F32)
+    return std::string("f32");
+  if (dtype == Dtype::BF16 || dtype == Dtype::F16)
+    return dtypeName(*dtype).str();
+  return optionError(
+      (dtype ? "reduce-dtype '" + text +
+                   "': gradients are reduced in f32 or a compute dtype"
+             : "unknown reduce-dtype '" + text + "'") +
+      " (accepted: f32, compute, or the compute dtype: bf16, f16)");
+}
+
+llvm::Expected<ReduceDtype> mlir::amp::parseReduceDtype(llvm::StringRef text,
+                                                        Dtype compute) {
+  llvm::Expected<std::string> name = canonicalReduceDtypeName(text);
+  if (!name)
+    return name.takeError();
+  if (*name == "f32")
+    return ReduceDtype::F32;
+  if (*name == "compute" || *name == dtypeName(compute))
+    return ReduceDtype::Compute;
+  return optionError("reduce-dtype '" + text + "' is neither f32 nor the "
+                     "policy's compute dtype (" + dtypeName(compute) +
+                     "): use f32, " + dtypeName(compute) + " or compute");
 }
 
 llvm::StringRef mlir::amp::levelName(Level level) {

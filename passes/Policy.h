@@ -101,22 +101,36 @@ inline constexpr DotResult kDefaultDotResult = DotResult::F32;
 /// Where f32 arithmetic keeps its results: in f32, or rounded to the compute
 /// dtype once, right after the producer, when that is safe (see Passes.td).
 enum class Storage { F32, Compute };
+/// The result dtype of the backward pass's matrix multiplies, whose partial
+/// sums XLA's SPMD partitioner reduces across devices (the gradient
+/// reduce-scatter): f32, or the compute dtype.
+enum class ReduceDtype { F32, Compute };
+inline constexpr ReduceDtype kDefaultReduceDtype = ReduceDtype::F32;
 
 llvm::StringRef levelName(Level level);
 llvm::StringRef targetName(Target target);
 llvm::StringRef dotResultName(DotResult dotResult);
 llvm::StringRef storageName(Storage storage);
+llvm::StringRef reduceDtypeName(ReduceDtype reduce);
 
 llvm::ArrayRef<llvm::StringRef> levelNames();
 llvm::ArrayRef<llvm::StringRef> targetNames();
 llvm::ArrayRef<llvm::StringRef> dotResultNames();
 llvm::ArrayRef<llvm::StringRef> storageNames();
+llvm::ArrayRef<llvm::StringRef> reduceDtypeNames();
 
 /// Each parser accepts the canonical names (levels also in lower case) and
 /// names the accepted ones in its error.
 llvm::Expected<Level> parseLevel(llvm::StringRef text);
 llvm::Expected<Target> parseTarget(llvm::StringRef text);
 llvm::Expected<DotResult> parseDotResult(llvm::StringRef text);
+/// f32 or compute; a float dtype's name also, which must then be f32 or
+/// `compute` (the policy's): reduce-dtype=bf16 under c=f16 is an error.
+llvm::Expected<ReduceDtype> parseReduceDtype(llvm::StringRef text,
+                                             Dtype compute);
+/// The canonical spelling of a reduce-dtype whatever the policy: f32,
+/// compute, or the canonical name of a low-precision float dtype.
+llvm::Expected<std::string> canonicalReduceDtypeName(llvm::StringRef text);
 /// An empty `text` means the target's default (defaultStorage).
 llvm::Expected<Storage> parseStorage(llvm::StringRef text, Target target);
 /// An empty `text` means the target's default (defaultLevel).

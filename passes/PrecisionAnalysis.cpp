@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "PrecisionAnalysis.h"
+#include "Backward.h"
 #include "StableHLO.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -36,6 +37,28 @@ PrecisionAnalysis::PrecisionAnalysis(ModuleOp module,
   explainFullPrecision();
   if (options.storage == Storage::Compute && compute != full)
     decideStorage();
+  if (options.reduceDtype == ReduceDtype::Compute && compute != full)
+    reduceInComputeDtype(module);
+}
+
+/// reduce-dtype=compute: the backward pass's low-precision GEMMs write
+/// their results in the compute dtype (rounded once, after f32
+/// accumulation), so where XLA partitions one along its contraction (a
+/// weight gradient summed over a batch split across devices, an activation
+/// gradient over a split weight) the partial sums it reduces across devices
+/// are compute-dtype values, as a hand-cast step's are.
+void PrecisionAnalysis::reduceInComputeDtype(ModuleOp module) {
+  llvm::DenseSet<Value> backward = backwardValues(module);
+  for (Operation *op : order) {
+    const OpDecision &d = decision(op);
+    if (d.cls != OpClass::Allow || !d.low || op->getNumResults() != 1 ||
+        !backward.contains(op->getResult(0)) || !isFull(op->getResult(0)))
+      continue;
+    lowResultDots.insert(op);
+    // A result stored low is now made low: nothing is left to round.
+    if (stored.erase(op->getResult(0)))
+      llvm::erase(storedOrder, op->getResult(0));
+  }
 }
 
 //===----------------------------------------------------------------------===//

@@ -39,6 +39,8 @@ struct PrecisionOptions {
   llvm::DenseSet<int64_t> keepGroups;
   /// Every rounding in a form XLA keeps (see Passes.td, strict).
   bool strict = false;
+  /// The result dtype of the backward pass's GEMMs (see Passes.td).
+  ReduceDtype reduceDtype = kDefaultReduceDtype;
 };
 
 /// The decision for one op.
@@ -85,6 +87,10 @@ public:
   FloatType computeType() const { return compute; }
   const PrecisionOptions &options() const { return opts; }
 
+  /// Whether `type` is f32 (or a tensor of it): full precision.
+  bool isFull(Type type) const;
+  bool isFull(Value value) const { return isFull(value.getType()); }
+
 private:
   const PrecisionOptions &opts;
   FloatType full, compute, param, output;
@@ -127,13 +133,12 @@ private:
   };
   ValueKinds classifyValues() const;
   void decideStorage();
+  void reduceInComputeDtype(ModuleOp module);
   bool isCheapToRebuild(Operation *op) const;
   bool mayStoreLow(Value value, const llvm::DenseSet<Value> &statistics,
                    const llvm::DenseMap<Operation *, int64_t> &gemmsBefore)
       const;
 
-  bool isFull(Type type) const;
-  bool isFull(Value value) const { return isFull(value.getType()); }
   bool paintable(const OpDecision &decision) const;
   /// The decided op that stands for `op` (an op inside a reduction body is
   /// represented by the reduction), or null.

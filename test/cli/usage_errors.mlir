@@ -23,6 +23,14 @@
 // TARGET: amp-opt: error: unknown target 'xpu' (accepted: cpu, gpu, tpu)
 // TARGET-NEXT: exit=2
 
+// RUN: sh -c 'amp-opt %s --reduce-dtype int8; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=REDUCE
+// REDUCE: amp-opt: error: unknown reduce-dtype 'int8' (accepted: f32, compute, or the compute dtype: bf16, f16)
+// REDUCE-NEXT: exit=2
+
+// RUN: sh -c 'amp-opt %s --policy p=f32,c=bf16,o=f32 --reduce-dtype f16; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=REDUCE-POLICY
+// REDUCE-POLICY: amp-opt: error: reduce_dtype='f16' is neither f32 nor the compute dtype of policy p=f32,c=bf16,o=f32 (bf16): use 'f32', 'bf16' or 'compute'
+// REDUCE-POLICY-NEXT: exit=2
+
 // RUN: sh -c 'amp-opt %s --no-such-flag; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=FLAG
 // FLAG: amp-opt: error: unrecognized arguments: --no-such-flag
 // FLAG-NEXT: exit=2

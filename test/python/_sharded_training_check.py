@@ -84,7 +84,24 @@ def run(mesh: Mesh, opt_state_dtype: str, narrow: bool = False,
     state = step.init(jax.device_put(params, shard))
   init_specs = {k: _spec(x) for k, x in _leaves(state).items()}
   sharded_batch = jax.device_put(batch, NamedSharding(mesh, P("fsdp", None)))
-  compiled = step.lower(state, sharded_batch).compile().as_text()
+  executable = step.lower(state, sharded_batch).compile()
+  compiled = executable.as_text()
+  # The step's executable takes the state and batch as they are sharded,
+  # and returns the new state sharded the same way.
+  given = [x.sharding for x in jax.tree_util.tree_leaves((state,
+                                                          sharded_batch))]
+  taken = jax.tree_util.tree_leaves(executable.input_shardings[0])
+  returned = jax.tree_util.tree_leaves(executable.output_shardings)
+  state_count = len(jax.tree_util.tree_leaves(state))
+  # (Leaves on one device, uncommitted, go where jax.jit puts them.)
+  same_inputs = len(given) == len(taken) and all(
+      a.is_equivalent_to(b, x.ndim) for a, b, x in zip(
+          given, taken, jax.tree_util.tree_leaves((state, sharded_batch)))
+      if isinstance(a, NamedSharding))
+  same_outputs = all(
+      a.is_equivalent_to(b, x.ndim) for a, b, x in zip(
+          given[:state_count], returned[:state_count],
+          jax.tree_util.tree_leaves(state)) if isinstance(a, NamedSharding))
   for _ in range(steps):
     state, _ = step(state, sharded_batch)
   one = make_step()
@@ -100,6 +117,8 @@ def run(mesh: Mesh, opt_state_dtype: str, narrow: bool = False,
       "after": {k: _spec(x) for k, x in _leaves(state).items()},
       "shapes": {k: list(x.shape) for k, x in _leaves(state).items()},
       "collectives": _collectives(compiled),
+      "executable_takes_given_shardings": same_inputs,
+      "executable_returns_them": same_outputs,
       "max_param_difference": max(
           float(np.max(np.abs(np.asarray(a, np.float32) -
                               np.asarray(b, np.float32))))
@@ -108,7 +127,37 @@ def run(mesh: Mesh, opt_state_dtype: str, narrow: bool = False,
   }
 
 
+def reductions(dump: str) -> dict:
+  """Data parallel (parameters replicated, the batch split): the gradient
+  all-reduce of one step per reduce_dtype, by dtype, in the program XLA's
+  SPMD partitioner made (read from XLA's dump in `dump`: XLA:CPU itself
+  then runs bf16 collectives in f32)."""
+  import glob
+  import os
+  mesh = Mesh(np.array(jax.devices()), ("data",))
+  params = jax.device_put(make_params(False), NamedSharding(mesh, P()))
+  batch = jax.device_put(jax.random.normal(jax.random.key(1), (64, 256)),
+                         NamedSharding(mesh, P("data", None)))
+  found = {}
+  for reduce_dtype in ("f32", "bf16", "compute"):
+    before = set(glob.glob(os.path.join(dump, "*")))
+    step = amp.train_step(loss, optax.adam(1e-3), "p=f32,c=bf16,o=f32",
+                          reduce_dtype=reduce_dtype)
+    step.lower(step.init(params), batch).compile()
+    partitioned, = [f for f in set(glob.glob(os.path.join(
+        dump, "*after_spmd-partitioning*"))) - before if "_traced" in f]
+    with open(partitioned) as f:
+      table = hlo.Module.parse(f.read()).collective_bytes()
+    found[reduce_dtype] = {f"{kind} {dtype}": n for (kind, dtype), n in
+                           table.items() if kind in ("all-reduce",
+                                                     "reduce-scatter")}
+  return found
+
+
 def main() -> None:
+  if sys.argv[1:2] == ["reductions"]:
+    json.dump(reductions(sys.argv[2]), sys.stdout)
+    return
   meshes = {"auto": Mesh(np.array(jax.devices()), ("fsdp",))}
   axis_type = getattr(jax.sharding, "AxisType", None)
   if axis_type is not None and hasattr(axis_type, "Explicit"):

@@ -100,3 +100,41 @@ def test_sharded_steps_compute_what_one_device_does(cases):
   for name, case in cases.items():
     # One bf16 ulp at the parameters' scale, from reduction order.
     assert case["max_param_difference"] <= 2 ** -10, name
+
+
+def test_the_executable_takes_and_returns_the_shardings_given(cases):
+  """The rewrite changes no input or output sharding of a step."""
+  for name, case in cases.items():
+    assert case["executable_takes_given_shardings"], name
+    assert case["executable_returns_them"], name
+
+
+@pytest.fixture(scope="module")
+def reductions(tmp_path_factory) -> dict:
+  dump = tmp_path_factory.mktemp("xla-dump")
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                      " --xla_force_host_platform_device_count=8"
+                      f" --xla_dump_to={dump}"
+                      " --xla_dump_hlo_pass_re=spmd-partitioning").strip()
+  env["JAX_PLATFORMS"] = "cpu"
+  result = subprocess.run([sys.executable, str(CHECK), "reductions",
+                           str(dump)], env=env, capture_output=True,
+                          text=True, timeout=900, check=False)
+  if result.returncode != 0:
+    pytest.fail(f"{CHECK.name} reductions failed (exit "
+                f"{result.returncode}):\n{result.stderr[-4000:]}")
+  return json.loads(result.stdout)
+
+
+def test_reduce_dtype_sets_the_dtype_of_the_gradient_reduction(reductions):
+  """Data parallel over 8 devices: with reduce_dtype="f32" the gradient
+  all-reduce is f32; with "bf16" or "compute" the kernels' gradients are
+  reduced in bf16 (the biases' stay f32: a sum, not a GEMM)."""
+  f32 = reductions["f32"]
+  assert set(f32) == {"all-reduce f32"} and f32["all-reduce f32"] > 2 ** 21
+  for name in ("bf16", "compute"):
+    low = reductions[name]
+    kernels = 4 * (256 * 2048 + 2048 * 256) // 2  # every kernel, in bf16
+    assert low["all-reduce bf16"] == kernels, low
+    assert low["all-reduce f32"] < 2 ** 14, low  # the bias and the loss

@@ -1301,3 +1301,69 @@ def test_vmap_of_value_and_grad_gives_per_example_gradients(policy,
   low_dots = re.findall(rf"stablehlo\.dot_general .*: \(tensor<16x[0-9x]+"
                         rf"x{compute}>, tensor<[0-9x]+x{compute}>\)", text)
   assert low_dots, text[:3000]
+
+
+@pytest.mark.parametrize("make", [
+    lambda **o: amp.train_step(mse, optax.sgd(0.1), BF16_POLICY, **o),
+    lambda **o: amp.value_and_grad(mse, BF16_POLICY, **o),
+    lambda **o: amp.transform(mlp, BF16_POLICY, **o),
+], ids=["train_step", "value_and_grad", "transform"])
+@pytest.mark.parametrize("value, message", [
+    ("int8", r"unknown reduce-dtype 'int8' \(accepted: f32, compute, or the "
+     r"compute dtype: bf16, f16\)"),
+    ("f64", r"reduce-dtype 'f64': gradients are reduced in f32 or a compute "
+     r"dtype"),
+    ("f16", r"reduce_dtype='f16' is neither f32 nor the compute dtype of "
+     r"policy p=f32,c=bf16,o=f32 \(bf16\): use 'f32', 'bf16' or 'compute'"),
+])
+def test_a_reduce_dtype_that_is_not_f32_or_the_compute_dtype(make, value,
+                                                              message):
+  with pytest.raises(ValueError, match=message):
+    make(reduce_dtype=value)
+
+
+def test_compiling_a_flax_lm_step_on_cpu_warns_about_nothing_harmless():
+  """Every .compile() of a flax LM step on CPU warned that XLA did not keep
+  7 stored values: their roundings were fused into the fusions that read
+  them (nothing stored in either precision), or into one that writes a
+  bf16 function of them. Only a dropped rounding or an FP8 dot run wider
+  is a warning; the report still lists every fate."""
+  nn = pytest.importorskip("flax.linen")
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      h = nn.MultiHeadDotProductAttention(num_heads=4)(
+          nn.LayerNorm()(x), mask=nn.make_causal_mask(x[..., 0]))
+      x = x + h
+      h = nn.Dense(128)(nn.gelu(nn.Dense(512)(nn.LayerNorm()(x))))
+      return x + h
+
+  class LM(nn.Module):
+    @nn.compact
+    def __call__(self, tokens):
+      x = nn.Embed(256, 128)(tokens)
+      for _ in range(2):
+        x = Block()(x)
+      return nn.Dense(256)(nn.LayerNorm()(x))
+
+  model = LM()
+  tokens = jax.random.randint(jax.random.key(0), (16, 65), 0, 256)
+  params = model.init(jax.random.key(1), tokens[:, :-1])
+
+  def loss(params, batch):
+    logits = model.apply(params, batch[:, :-1])
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits, batch[:, 1:]).mean()
+
+  step = amp.train_step(loss, optax.adamw(1e-3), BF16_POLICY)
+  lowered = step.lower(step.init(params), tokens)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    lowered.compile()
+  assert not [w for w in caught if "stablehlo-amp" in str(w.message)], \
+      [str(w.message) for w in caught]
+  report = lowered.report()
+  assert report.xla.stored and all(
+      status in ("kept", "fused away") for status in report.xla.stored.values())
+  assert "kept" in report.xla.stored.values()

@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
           args.policy if args.policy is not None else
           contract.default(contract.INSERT_CONVERTS, "policy"))
       options = pl.RewriteOptions.make(**_option_values(args))
+      options.check_policy(policy)
   except (ValueError, TypeError) as error:
     return _usage(str(error))
 

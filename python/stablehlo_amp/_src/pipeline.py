@@ -163,6 +163,18 @@ class RewriteOptions:
                        f"{', '.join(both)}")
     return cls(tuple(values.items()))
 
+  def check_policy(self, policy: Any) -> None:
+    """ValueError for a value `policy` cannot take: a reduce_dtype naming
+    a dtype that is not f32 nor the compute dtype (the pass's own check,
+    made before anything is traced)."""
+    reduce = self.reduce_dtype
+    compute = str(policy).split("c=")[1].split(",")[0]
+    if reduce not in ("f32", "compute", compute):
+      raise ValueError(
+          f"reduce_dtype={reduce!r} is neither f32 nor the compute dtype of "
+          f"policy {policy} ({compute}): use 'f32', {compute!r} or "
+          "'compute'")
+
   def replace(self, **changes: Any) -> "RewriteOptions":
     values = dict(self.values)
     unknown = sorted(set(changes) - set(values))
@@ -547,6 +559,7 @@ def rewrite_module(source: str | bytes | ir.Module, policy: Policy | str,
     options = RewriteOptions.make(**option_values)
   elif option_values:
     raise TypeError("give options either as RewriteOptions or as keywords")
+  options.check_policy(policy)
   context = context or ir_context()
   form = SourceForm()
   with context:

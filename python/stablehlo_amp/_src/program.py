@@ -827,19 +827,23 @@ class Lowered:
   def compile(self, compiler_options: dict | None = None) -> Any:
     """The XLA executable (`memory_analysis()`, `as_text()`, ...).
 
-    A stored value XLA did not keep as a low-precision buffer, or an FP8
-    dot whose FP8 rounding it dropped, is a warning (the report lists
-    them)."""
+    A stored value whose rounding XLA dropped, or an FP8 dot it ran on
+    wider operands, is a warning: the memory or speed it was for is lost
+    (the report lists every decision's fate; a rounding XLA fused into
+    its readers is listed there, not warned about: nothing is stored
+    then, in either precision)."""
     if self._compiled is None:
       self._compiled = self._jax_lowered.compile(
           **({"compiler_options": compiler_options}
              if compiler_options else {}))
       report = self.report()
-      lost = report.lost_in_xla() if report is not None else []
+      lost = (report.lost_in_xla(fused_away=False) if report is not None
+              else [])
       if lost:
         warnings.warn(f"stablehlo-amp: XLA did not keep {len(lost)} "
                       "decision(s): " + "; ".join(lost[:3]) +
-                      (" ..." if len(lost) > 3 else ""), stacklevel=2)
+                      (" ..." if len(lost) > 3 else "") +
+                      " (Lowered.report() lists them all)", stacklevel=2)
     return self._compiled
 
 

@@ -176,16 +176,21 @@ class Report:
                 if d.stored_index is not None],
         fp8=[d.fp8_index for d in self.decisions if d.fp8_index is not None]))
 
-  def lost_in_xla(self) -> list[str]:
+  def lost_in_xla(self, fused_away: bool = True) -> list[str]:
     """One line per stored value or FP8 GEMM that XLA did not keep, with
-    the op and its location; empty if not compiled."""
+    the op and its location; empty if not compiled. `fused_away=False`
+    leaves out the stored values whose rounding XLA computed inside the
+    fusion that reads them: nothing is stored there, in either precision
+    (XLA:CPU does it with f16, and with values it reads right away)."""
     if self.xla is None:
       return []
+    ignored = (None, survival.KEPT) + (() if fused_away else
+                                       (survival.FUSED_AWAY,))
     lines = []
     for d in self.decisions:
       status = (self.xla.stored.get(d.stored_index)
                 if d.stored_index is not None else None)
-      if status not in (None, survival.KEPT):
+      if status not in ignored:
         lines.append(f"stored value of {d.op} at {d.where}: {status}")
       status = (self.xla.fp8.get(d.fp8_index)
                 if d.fp8_index is not None else None)

@@ -279,7 +279,9 @@ def read(hlo_text: str, stored: Iterable[int] = (),
       if indices:
         low = _is_low(ins)
         materialized = (outputs is None or ins.name in outputs or
-                        (low and program.moved_widened(computation, ins)))
+                        (low and program.moved_widened(computation, ins)) or
+                        (low and _feeds_low_output(computation, ins,
+                                                   outputs)))
         for index in indices:
           note(stored_status, index, KEPT if low and materialized else
                FUSED_AWAY if low else DROPPED)
@@ -291,6 +293,24 @@ def read(hlo_text: str, stored: Iterable[int] = (),
         for index in indices:
           note(fp8_status, index, status)
   return Survival(stored_status, fp8_status)
+
+
+def _feeds_low_output(computation: hlo.Computation, ins: hlo.Instruction,
+                      outputs: set[str]) -> bool:
+  """Whether the rounded value `ins` makes inside a fusion reaches one of
+  its low-precision outputs (XLA:CPU fused `bf16(q)` into the fusion that
+  writes `bf16(q * scale)`, which is what stays in memory): the rounding
+  happened, and what leaves the fusion is low-precision."""
+  pending, seen = [ins], set()
+  while pending:
+    value = pending.pop()
+    if value.name in seen:
+      continue
+    seen.add(value.name)
+    if value.name in outputs and value is not ins and _is_low(value):
+      return True
+    pending.extend(computation.users.get(value.name, ()))
+  return False
 
 
 def _fusion_outputs(computation: hlo.Computation) -> set[str]:

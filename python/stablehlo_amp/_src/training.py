@@ -398,6 +398,7 @@ class _LossScaledProgram:
                 if bf16_params and "bf16_params_default" in spec and
                 name not in options}
     self._options = pl.RewriteOptions.make(**options, **defaults)
+    self._options.check_policy(self.policy)
     self._programs: dict = {}  # by input signature, for `lower`
     self.rewrite_count = 0
 

@@ -558,6 +558,7 @@ OPTIONS
     fun = jax_compat.unwrap_jit(fun)
   pl.check_option_names(options, stateful=False)
   options = pl.RewriteOptions.make(**options)
+  options.check_policy(policy)
   params_tuple = None if params is None else prog.as_tuple(params, "params")
   if params_tuple is not None:
     prog.check_params(fun, params_tuple)
