@@ -378,13 +378,13 @@ void Fp8GemmsPass::runOnOperation() {
     annotate(dot,
              formats + (delayed ? ", delayed scaling" : ", current scaling"),
              fp8DotCount);
-    // A backward dot amp-insert-converts made in the compute dtype
-    // (reduce-dtype=compute) stays so: XLA reduces its partial sums in the
-    // dtype the GEMM writes.
+    // A dot amp-insert-converts made in the compute dtype (a stored value
+    // on gpu, reduce-dtype=compute) stays so: where XLA partitions the
+    // GEMM along its contraction, it reduces the partial sums in the dtype
+    // the GEMM writes.
     bool computeResult =
-        gradients.contains(dot->getResult(0)) &&
         shlo::getFloatElementType(dot->getResult(0).getType()).getWidth() ==
-            16;
+        16;
     replaceWithFp8Dot(builder, dot, operands[0], operands[1], computeResult);
   }
 }

@@ -11,8 +11,11 @@ import pytest
 README = pathlib.Path(__file__).resolve().parents[2] / "README.md"
 
 
-def _python_blocks() -> list[str]:
-  text = README.read_text()
+GUIDES = sorted((README.parent / "docs").glob("*.md"))
+
+
+def _python_blocks(path: pathlib.Path = README) -> list[str]:
+  text = path.read_text()
   blocks = []
   for match in re.finditer(r"^( *)```python\n(.*?)^\1```$", text,
                            re.MULTILINE | re.DOTALL):
@@ -66,3 +69,19 @@ def test_the_readme_python_examples_run(capsys):
       at = lines.index(expected, at) + 1
   assert "FP8 GEMMs:" in printed
   assert "calibration: tolerance 0.0001" in printed
+
+
+@pytest.mark.parametrize("guide", [g for g in GUIDES if _python_blocks(g)],
+                         ids=lambda g: g.name)
+def test_the_guides_python_examples_run(guide):
+  """Each guide's Python blocks run in order, in a namespace of their own
+  (on however many devices this process has: one, in the test run)."""
+  pytest.importorskip("optax")
+  namespace: dict = {"__name__": guide.stem}
+  for number, block in enumerate(_python_blocks(guide)):
+    try:
+      exec(compile(block, f"{guide.name} python block {number}", "exec"),
+           namespace)
+    except Exception as error:  # name the block that failed
+      raise AssertionError(f"{guide.name} python block {number} failed:\n"
+                           f"{block}") from error
