@@ -84,8 +84,10 @@ def run(mesh: Mesh, opt_state_dtype: str, narrow: bool = False,
     state = step.init(jax.device_put(params, shard))
   init_specs = {k: _spec(x) for k, x in _leaves(state).items()}
   sharded_batch = jax.device_put(batch, NamedSharding(mesh, P("fsdp", None)))
-  executable = step.lower(state, sharded_batch).compile()
+  lowered = step.lower(state, sharded_batch)
+  executable = lowered.compile()
   compiled = executable.as_text()
+  report = lowered.report()
   # The step's executable takes the state and batch as they are sharded,
   # and returns the new state sharded the same way.
   given = [x.sharding for x in jax.tree_util.tree_leaves((state,
@@ -117,6 +119,10 @@ def run(mesh: Mesh, opt_state_dtype: str, narrow: bool = False,
       "after": {k: _spec(x) for k, x in _leaves(state).items()},
       "shapes": {k: list(x.shape) for k, x in _leaves(state).items()},
       "collectives": _collectives(compiled),
+      "collective_bytes": sum(hlo.Module.parse(compiled)
+                              .collective_bytes().values()),
+      "report_collectives": report.to_dict()["collectives"],
+      "report_text": str(report),
       "executable_takes_given_shardings": same_inputs,
       "executable_returns_them": same_outputs,
       "max_param_difference": max(

@@ -138,3 +138,19 @@ def test_reduce_dtype_sets_the_dtype_of_the_gradient_reduction(reductions):
     kernels = 4 * (256 * 2048 + 2048 * 256) // 2  # every kernel, in bf16
     assert low["all-reduce bf16"] == kernels, low
     assert low["all-reduce f32"] < 2 ** 14, low  # the bias and the loss
+
+
+def test_the_report_says_what_moves_between_devices_and_why(cases):
+  """The compiled report's collectives: every byte of the program's,
+  grouped by kind, dtype and the op XLA moved the value for, with that
+  op's decision (a matrix multiply's operands move in its dtype)."""
+  case = cases["auto-f32"]
+  groups = case["report_collectives"]
+  assert groups and sum(g["bytes"] for g in groups) == case["collective_bytes"]
+  assert {g["kind"] for g in groups} <= {"all-gather", "all-reduce",
+                                         "reduce-scatter", "all-to-all",
+                                         "collective-permute"}
+  for_gemms = [g for g in groups if g["op"].endswith("dot_general")]
+  assert for_gemms and all(g["precision"] == "low" for g in for_gemms)
+  assert "collectives per device:" in case["report_text"]
+  assert "for jvp()/dot_general: low: matrix multiply" in case["report_text"]

@@ -13,6 +13,7 @@ import re
 from typing import Any, Mapping
 
 from stablehlo_amp._src import contract
+from stablehlo_amp._src import hlo
 from stablehlo_amp._src import survival
 
 
@@ -122,6 +123,39 @@ class OpDecision:
     return f"{text} ({self.detail})" if self.detail else text
 
 
+# XLA names an instruction it makes for an op of the inlined module
+# `jit(outer)/amp_module_call/jit(f)/...`; decisions' names start at
+# `jit(f)/...`. Both are compared without their jit(...) heads and the
+# decision tags (`[amp_stored=3]`).
+_TAG = re.compile(r"\[amp_\w+=[\d,]+\]")
+
+
+def _op_path(name: str) -> str:
+  name = _TAG.sub("", name.rsplit("amp_module_call/", 1)[-1])
+  parts = name.split("/")
+  if parts and re.match(r"^p?jit\(", parts[0]):
+    parts = parts[1:]
+  return "/".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+  """Collectives of one kind and dtype that XLA's SPMD partitioner made
+  for one op of the program (by the name XLA gives them), and what each
+  device moves (an all-gather by its result, the others by their
+  operands)."""
+  kind: str          # "all-gather", "reduce-scatter", "all-reduce", ...
+  dtype: str         # what moves: "bf16", "f32", "f8e4m3fn", ...
+  op: str            # the op XLA moved the value for, "jvp()/dot_general"
+  count: int
+  bytes: int
+  # The decision for that op (its precision, and why, as people read
+  # it): the one that left the value in this dtype. Empty where the op made
+  # no decision (the loss scale's own, or an op XLA named otherwise).
+  precision: str = ""
+  reason: str = ""
+
+
 @dataclasses.dataclass(frozen=True)
 class Report:
   """The decisions of one rewrite.
@@ -144,6 +178,8 @@ class Report:
   memory: Mapping[str, int] | None = None  # XLA's memory_analysis, if compiled
   # What XLA kept of the stored values and FP8 GEMMs, if compiled.
   xla: survival.Survival | None = None
+  # What the compiled program moves between devices, if it is partitioned.
+  collectives: tuple["Collective", ...] = ()
 
   @classmethod
   def from_json(cls, text: str, *, policy: str, level: str,
@@ -170,11 +206,41 @@ class Report:
     """The report with what XLA kept, read from the optimized program
     (`Compiled.as_text()`): whether each stored value is a low-precision
     buffer and each FP8 dot an FP8 GEMM."""
-    return dataclasses.replace(self, xla=survival.read(
-        hlo_text,
-        stored=[d.stored_index for d in self.decisions
-                if d.stored_index is not None],
-        fp8=[d.fp8_index for d in self.decisions if d.fp8_index is not None]))
+    module = hlo.Module.parse(hlo_text)
+    return dataclasses.replace(
+        self, xla=survival.read(
+            module,
+            stored=[d.stored_index for d in self.decisions
+                    if d.stored_index is not None],
+            fp8=[d.fp8_index for d in self.decisions
+                 if d.fp8_index is not None]),
+        collectives=self._collectives(module))
+
+  def _collectives(self, module: "hlo.Module") -> tuple[Collective, ...]:
+    """The program's collectives grouped by kind, dtype and the op they
+    serve, each with that op's decision (the most common one among the
+    decisions of that name: the same op in every layer), largest first."""
+    by_op: dict[str, collections.Counter] = {}
+    for d in self.decisions:
+      match = _NAME.match(d.loc)
+      if match:
+        by_op.setdefault(_op_path(match[1]), collections.Counter())[
+            (d.precision, d.reason)] += 1
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for collective in module.collectives():
+      op = _op_path(collective.instruction.op_name or "")
+      for array in collective.moved:
+        entry = groups.setdefault((collective.kind, array.dtype, op), [0, 0])
+        entry[1] += array.nbytes
+      groups[(collective.kind, collective.moved[0].dtype if
+              collective.moved else "", op)][0] += 1
+    found = []
+    for (kind, dtype, op), (count, nbytes) in groups.items():
+      decided = by_op.get(op)
+      precision, reason = decided.most_common(1)[0][0] if decided else ("", "")
+      found.append(Collective(kind, dtype, op, count, nbytes, precision,
+                              reason))
+    return tuple(sorted(found, key=lambda c: -c.bytes))
 
   def lost_in_xla(self, fused_away: bool = True) -> list[str]:
     """One line per stored value or FP8 GEMM that XLA did not keep, with
@@ -258,6 +324,7 @@ class Report:
         "bytes_before": dict(self.bytes_before),
         "bytes_after": dict(self.bytes_after),
         "memory": dict(self.memory) if self.memory else None,
+        "collectives": [dataclasses.asdict(c) for c in self.collectives],
         "decisions": [{"op": d.op, "precision": d.precision,
                        "reason": d.reason_id, "where": d.where,
                        "scope": d.scope, "phase": d.phase}
@@ -351,4 +418,26 @@ class Report:
         lines.append("  kept by XLA: " + "; ".join(parts))
       for line in self.lost_in_xla():
         lines.append(f"    not kept: {line}")
+    if self.collectives:
+      lines.extend(self._collectives_text())
     return "\n".join(lines)
+
+  def _collectives_text(self, shown: int = 10) -> list[str]:
+    """Bytes moved per device by kind and dtype, then the largest groups
+    with the decision that set their dtype."""
+    totals: collections.Counter = collections.Counter()
+    for c in self.collectives:
+      totals[f"{c.kind} {c.dtype}"] += c.bytes
+    lines = [f"  collectives per device: {_mib(sum(totals.values()))} ("
+             + ", ".join(f"{name} {_mib(n)}" for name, n in
+                         totals.most_common()) + ")"]
+    for c in self.collectives[:shown]:
+      why = f"{c.precision}: {c.reason}" if c.precision else \
+          "no decision of ours"
+      lines.append(f"    {c.kind} {c.dtype} {_mib(c.bytes)} "
+                   f"({c.count}x) for {c.op or '?'}: {why}")
+    if len(self.collectives) > shown:
+      rest = sum(c.bytes for c in self.collectives[shown:])
+      lines.append(f"    and {len(self.collectives) - shown} more groups, "
+                   f"{_mib(rest)}")
+    return lines

@@ -254,12 +254,14 @@ def _is_low(ins: hlo.Instruction) -> bool:
   return bool(types) and all(t in hlo.LOW_FLOATS for t in types)
 
 
-def read(hlo_text: str, stored: Iterable[int] = (),
+def read(hlo_text: "str | hlo.Module", stored: Iterable[int] = (),
          fp8: Iterable[int] = ()) -> Survival:
   """The status of stored values `stored` and FP8 dots `fp8` (marker
   indices; a decision whose marker is missing is DROPPED) in `hlo_text`,
-  the optimized program `Compiled.as_text()` prints."""
-  program = _Program(hlo.Module.parse(hlo_text))
+  the optimized program `Compiled.as_text()` prints (or its parsed
+  module)."""
+  program = _Program(hlo_text if isinstance(hlo_text, hlo.Module) else
+                     hlo.Module.parse(hlo_text))
   stored_marker = contract.attribute("stored_marker")
   fp8_marker = contract.attribute("fp8_marker")
   stored_status = {i: DROPPED for i in stored}
