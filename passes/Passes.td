@@ -372,9 +372,10 @@ def AmpRematerializePass : Pass<"amp-rematerialize", "::mlir::ModuleOp"> {
 }
 
 def AmpRoundStatePass : Pass<"amp-round-state", "::mlir::ModuleOp"> {
-  let summary = "Rounds a training step's new bf16 state from its f32 "
-                "update stochastically, so updates below bf16's resolution "
-                "are not lost.";
+  let summary = "Stores a training step's new state in low precision: "
+                "bf16 parameters rounded from their f32 update (to nearest, "
+                "stochastically or with Kahan compensation) and optimizer "
+                "state in bf16 or 8-bit blocks.";
   let description = [{
     Runs on a training step after `amp-insert-converts` and before
     `amp-loss-scale`. A result of the public `main` marked

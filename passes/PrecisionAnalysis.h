@@ -73,10 +73,8 @@ public:
   Type newType(Value value) const;
   /// The type `operand`'s owner needs (converted at the use if different).
   Type wantedType(OpOperand &operand) const;
-  /// True if `value` is rounded to the compute dtype right after it is made
-  /// and read back in f32 by its f32 users.
-  bool storedLow(Value value) const { return stored.contains(value); }
-  /// Values stored low, in program order.
+  /// Values stored low (rounded to the compute dtype right after they are
+  /// made and read back in f32 by their f32 users), in program order.
   llvm::ArrayRef<Value> storedValues() const { return storedOrder; }
   /// Ops with a reduction body whose body computes in the compute dtype.
   bool lowersBody(Operation *op) const;

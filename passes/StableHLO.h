@@ -182,9 +182,6 @@ Value buildReshape(OpBuilder &builder, Location loc, Value value,
 /// never removes it from a wider type (JAX's own precision blocker).
 Value buildReducePrecision(OpBuilder &builder, Location loc, Value value,
                            FloatType format);
-inline bool isReducePrecision(Operation *op) {
-  return is(op, "reduce_precision");
-}
 /// `stablehlo.optimization_barrier` over `values`: XLA cannot fold or fuse
 /// across it.
 Operation *buildOptimizationBarrier(OpBuilder &builder, Location loc,

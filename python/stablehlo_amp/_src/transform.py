@@ -4,9 +4,11 @@ A transformed function is one JAX primitive, `amp_call`, bound on the flat
 leaves of its arguments. Its rules make it a citizen of JAX's
 transformations, each derived program mixed precision in turn:
 
-- evaluation and lowering: the function is exported once per input
-  signature (`jax.export`), rewritten by the C++ passes, verified by jaxlib
-  and inlined where it is called (`Exported.call`);
+- evaluation and lowering: the function is lowered once per input
+  signature (`jax.jit(...).lower`; through `jax.export` where shardings
+  are explicit), rewritten by the C++ passes, verified by jaxlib and
+  inlined where it is called (the `amp_module_call` primitive's lowering,
+  or `Exported.call`);
 - `jax.jvp`: the tangent program ``jvp(fun)`` is transformed the same way;
   it is linear in the tangents. Its transpose (what `jax.grad` and `jax.vjp`
   need) is the transformed ``vjp(fun)`` program, made by reverse mode on the
