@@ -35,6 +35,18 @@ def _sample_report() -> list[str]:
   return match.group(1).splitlines()
 
 
+def _run_blocks(path: pathlib.Path, namespace: dict) -> None:
+  """Runs `path`'s Python blocks in order in `namespace`, as a new user
+  would paste them; an error names the block."""
+  for number, block in enumerate(_python_blocks(path)):
+    try:
+      exec(compile(block, f"{path.name} python block {number}", "exec"),
+           namespace)
+    except Exception as error:  # name the block that failed
+      raise AssertionError(f"{path.name} python block {number} failed:\n"
+                           f"{block}") from error
+
+
 def test_the_readme_has_python_examples():
   assert len(_python_blocks()) >= 5
 
@@ -42,14 +54,7 @@ def test_the_readme_has_python_examples():
 def test_the_readme_python_examples_run(capsys):
   pytest.importorskip("optax")
   pytest.importorskip("flax")
-  namespace: dict = {"__name__": "readme"}
-  for number, block in enumerate(_python_blocks()):
-    try:
-      exec(compile(block, f"README.md python block {number}", "exec"),
-           namespace)
-    except Exception as error:  # name the block that failed
-      raise AssertionError(f"README python block {number} failed:\n"
-                           f"{block}") from error
+  _run_blocks(README, {"__name__": "readme"})
   printed = capsys.readouterr().out
   # What the README says these print (the first on a CPU machine): every
   # line of its sample report, in order ("..." stands for lines left out).
@@ -77,11 +82,4 @@ def test_the_guides_python_examples_run(guide):
   """Each guide's Python blocks run in order, in a namespace of their own
   (on however many devices this process has: one, in the test run)."""
   pytest.importorskip("optax")
-  namespace: dict = {"__name__": guide.stem}
-  for number, block in enumerate(_python_blocks(guide)):
-    try:
-      exec(compile(block, f"{guide.name} python block {number}", "exec"),
-           namespace)
-    except Exception as error:  # name the block that failed
-      raise AssertionError(f"{guide.name} python block {number} failed:\n"
-                           f"{block}") from error
+  _run_blocks(guide, {"__name__": guide.stem})

@@ -1,19 +1,17 @@
 """`amp.train_step` with FSDP-sharded state on 8 CPU devices.
 
-The device count comes from XLA_FLAGS, which JAX reads once when it
-initialises, so the steps run in a subprocess (`_sharded_training_check.py`)
-that prints what it saw as JSON; the assertions are here.
+The steps run on 8 CPU devices in a subprocess
+(`_sharded_training_check.py`, through `eight_devices.run_json`) that prints
+what it saw as JSON; the assertions are here.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
+
+from eight_devices import run_json
 
 CHECK = pathlib.Path(__file__).with_name("_sharded_training_check.py")
 # Each leaf's sharding, as its parameter's (SPECS in the check).
@@ -23,17 +21,7 @@ PARAM_SPECS = {"w1": [None, "fsdp"], "b1": ["fsdp"], "w2": ["fsdp", None],
 
 @pytest.fixture(scope="module")
 def cases() -> dict:
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      " --xla_force_host_platform_device_count=8").strip()
-  env["JAX_PLATFORMS"] = "cpu"
-  result = subprocess.run([sys.executable, str(CHECK)], env=env,
-                          capture_output=True, text=True, timeout=900,
-                          check=False)
-  if result.returncode != 0:
-    pytest.fail(f"{CHECK.name} failed (exit {result.returncode}):\n"
-                f"{result.stderr[-4000:]}")
-  facts = json.loads(result.stdout)
+  facts = run_json(CHECK)
   assert facts["device_count"] == 8
   return facts["cases"]
 
@@ -112,19 +100,9 @@ def test_the_executable_takes_and_returns_the_shardings_given(cases):
 @pytest.fixture(scope="module")
 def reductions(tmp_path_factory) -> dict:
   dump = tmp_path_factory.mktemp("xla-dump")
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      " --xla_force_host_platform_device_count=8"
-                      f" --xla_dump_to={dump}"
-                      " --xla_dump_hlo_pass_re=spmd-partitioning").strip()
-  env["JAX_PLATFORMS"] = "cpu"
-  result = subprocess.run([sys.executable, str(CHECK), "reductions",
-                           str(dump)], env=env, capture_output=True,
-                          text=True, timeout=900, check=False)
-  if result.returncode != 0:
-    pytest.fail(f"{CHECK.name} reductions failed (exit "
-                f"{result.returncode}):\n{result.stderr[-4000:]}")
-  return json.loads(result.stdout)
+  return run_json(CHECK, "reductions", str(dump),
+                  xla_flags=f"--xla_dump_to={dump} "
+                  "--xla_dump_hlo_pass_re=spmd-partitioning")
 
 
 def test_reduce_dtype_sets_the_dtype_of_the_gradient_reduction(reductions):

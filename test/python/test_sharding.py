@@ -1,20 +1,18 @@
 """`amp.transform` with shardings on a mesh of 8 CPU devices.
 
-The device count comes from XLA_FLAGS, which JAX reads once when it
-initialises, so the checks run in a subprocess (`_sharded_check.py`) that
-prints what it saw as JSON; the assertions are here.
+The checks run on 8 CPU devices in a subprocess (`_sharded_check.py`,
+through `eight_devices.run_json`) that prints what it saw as JSON; the
+assertions are here.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from eight_devices import run_json
 
 CHECK = pathlib.Path(__file__).with_name("_sharded_check.py")
 CASES = ["explicit", "explicit_bf16_params", "in_shardings_only",
@@ -26,17 +24,7 @@ BF16_TOLERANCE = dict(rtol=5e-2, atol=5e-2)
 
 @pytest.fixture(scope="module")
 def facts() -> dict:
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      " --xla_force_host_platform_device_count=8").strip()
-  env["JAX_PLATFORMS"] = "cpu"
-  result = subprocess.run([sys.executable, str(CHECK)], env=env,
-                          capture_output=True, text=True, timeout=300,
-                          check=False)
-  if result.returncode != 0:
-    pytest.fail(f"{CHECK.name} failed (exit {result.returncode}):\n"
-                f"{result.stderr[-4000:]}")
-  return json.loads(result.stdout)
+  return run_json(CHECK, timeout=300)
 
 
 def test_runs_on_eight_cpu_devices(facts):
