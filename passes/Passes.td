@@ -244,8 +244,9 @@ def AmpSimplifyConvertsPass : Pass<"amp-simplify-converts", "::mlir::ModuleOp"> 
 }
 
 def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
-  let summary = "Puts eligible matrix multiplies into scaled FP8, in the "
-                "quantize-dequantize form XLA turns into FP8 cuBLASLt GEMMs.";
+  let summary = "Puts eligible matrix multiplies into scaled FP8: a dot on "
+                "FP8 operands times their scales, which XLA compiles to an "
+                "FP8 GEMM.";
   let description = [{
     Runs after `amp-insert-converts`. Each `dot_general` whose operands are
     in a low-precision float dtype and that is eligible gets FP8 operands,

@@ -1,7 +1,7 @@
 """Every kind of bad input `amp-opt` meets: a clear error and exit 1 or 2 with
 no output file, or a correct module with the unsupported parts untouched.
 
-Each case is a row of the README's bad-input table.
+Each case is a row of the bad-input table in docs/amp-opt.md.
 """
 
 import pathlib

@@ -5,7 +5,8 @@ module verifies with jaxlib, compiles and runs through XLA:CPU, matches the
 f32 program within the compute dtype's tolerance, keeps exp/log/sum
 reductions (and the rest of the deny class) f32, lowers dots (and, on GPU,
 convolutions), converts no value twice to one type, and its optimized HLO has
-no dot XLA:CPU cannot execute (README, "Targets"; passes/CpuDotLayout.h).
+no dot XLA:CPU cannot execute (docs/xla-gpu.md, "Targets";
+passes/CpuDotLayout.h).
 Dots that feed a discrete decision (top_k, argmax, sort) or linear algebra
 (Cholesky, triangular solve) stay f32 instead, with the report naming the
 decision or routine, and integer outputs are bit-identical to the f32
@@ -443,8 +444,8 @@ def exported_text(name: str) -> str:
 @pytest.mark.parametrize("program, policy",
                          list(_cases("test_exported_module_keeps_decisions")))
 def test_exported_module_keeps_decisions(program: Program, policy: str):
-  """`amp.rewrite_module` on what `jax.export` produces (the README's other
-  source of modules; amp.transform lowers with jax.jit): the same dots
+  """`amp.rewrite_module` on what `jax.export` produces (the other source
+  of modules docs/amp-opt.md names; amp.transform lowers with jax.jit): the same dots
   lowered and kept, for the same reasons."""
   result = amp.rewrite_module(exported_text(program.name), policy,
                               target="cpu")

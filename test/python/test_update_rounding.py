@@ -312,8 +312,9 @@ _KEEP_NU = {"keep_f32_state":
         "stochastic-moments", "stochastic-mu", "kahan-moments",
         "stochastic-f8-moments"])
 def test_persistent_state_bytes_per_parameter(policy, options, expected):
-  """README's table: parameters, Adam's state, the rounding key (16 bytes
-  in all) and Kahan buffers, per parameter, after a step."""
+  """The table in docs/low-precision-state.md: parameters, Adam's state,
+  the rounding key (16 bytes in all) and Kahan buffers, per parameter,
+  after a step."""
   params, batch = _mlp()
   step = amp.train_step(_mlp_loss, optax.adam(1e-3), policy, **options)
   state, _ = step(step.init(params), batch)
