@@ -55,7 +55,7 @@ def amp_internals() -> types.SimpleNamespace:
   the package; this is the place to follow them.
   """
   from stablehlo_amp import _amp
-  from stablehlo_amp._src import contract, jax_compat, pipeline, training
+  from stablehlo_amp._src import contract, jax_compat, pipeline, train_state
   return types.SimpleNamespace(
       run_pipeline=_amp.run_pipeline,
       build_pipeline=pipeline.build_pipeline,
@@ -65,7 +65,7 @@ def amp_internals() -> types.SimpleNamespace:
       # The f8 optimizer state's layout and sharding (sharded steps).
       f8_state_shape=contract.f8_state_shape,
       f8_block_sharding=lambda sharding, shape:
-          training._f8_block_sharding(sharding, shape)[0])
+          train_state.f8_block_sharding(sharding, shape)[0])
 
 # --------------------------------------------------------------------------
 # Data: the standard library's own source, as byte-pair tokens (vocab 512).

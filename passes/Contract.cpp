@@ -179,6 +179,31 @@ LossScaleLayout mlir::amp::lossScaleLayout(LossScaleMode mode) {
   llvm_unreachable("unknown mode");
 }
 
+namespace {
+// Kept on a skipped step: marked amp.state_of their argument, so
+// amp-loss-scale selects the old value (the histories would otherwise take
+// an overflowed step's infinite amaxes, the buffers what the skipped update
+// lost; the key is kept so a step's rounding is a function of the state).
+// The loss scale is updated on every step: it backs off on a skipped one.
+constexpr StateRole kStateRoles[] = {
+    {attr::kLossScale, "loss_scale", "amp-loss-scale", false, false},
+    {attr::kLossScaleCounter, "loss_scale", "amp-loss-scale", false, false},
+    {attr::kGradsFinite, "loss_scale", "amp-loss-scale", false, false},
+    {attr::kAmaxHistory, "amax_history", "amp-fp8-gemms", false, true},
+    {attr::kRoundingKey, "rounding_key", "amp-round-state", false, true},
+    {attr::kCompensation, "compensation", "amp-round-state", true, true},
+};
+} // namespace
+
+llvm::ArrayRef<StateRole> mlir::amp::stateRoles() { return kStateRoles; }
+
+const StateRole &mlir::amp::stateRole(llvm::StringRef attribute) {
+  for (const StateRole &role : kStateRoles)
+    if (role.attribute == attribute)
+      return role;
+  llvm_unreachable("not a state role of the contract");
+}
+
 //===----------------------------------------------------------------------===//
 // Decisions
 //===----------------------------------------------------------------------===//
@@ -715,6 +740,18 @@ llvm::json::Object lossScaleJson() {
                             {"layouts", std::move(layouts)}};
 }
 
+/// The state roles, by attribute (what `_appended_roles` reads off main).
+llvm::json::Object stateRolesJson() {
+  llvm::json::Object roles;
+  for (const StateRole &role : stateRoles())
+    roles[role.attribute] = llvm::json::Object{
+        {"field", role.field},
+        {"pass", role.pass},
+        {"per_parameter", role.perParameter},
+        {"kept_on_skip", role.keptOnSkip}};
+  return roles;
+}
+
 /// The keys of the decision dictionary, by role (what Python calls them).
 llvm::json::Object decisionKeysJson() {
   return llvm::json::Object{{"precision", decision_key::kPrecision},
@@ -785,6 +822,7 @@ std::string mlir::amp::contractJson() {
       {"options", std::move(entryOptions)},
       {"attributes", std::move(attributes)},
       {"loss_scale", lossScaleJson()},
+      {"state_roles", stateRolesJson()},
       // How optimizer-state=f8 lays out a tensor (a front end makes the
       // first state in it).
       {"optimizer_state_f8",

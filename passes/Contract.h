@@ -176,6 +176,25 @@ struct LossScaleLayout {
 };
 LossScaleLayout lossScaleLayout(LossScaleMode mode);
 
+/// A value a pass appends to a training step's `main`, as an argument (its
+/// value before the step) and a result (after it), marked with `attribute`:
+/// the field of a front end's training state that gives the argument and
+/// takes the result, whether there is one per parameter (the attribute's
+/// value is then the parameter's argument), and whether a skipped step
+/// (non-finite gradients) returns the old value. Result-only roles
+/// (grads_finite) belong to the field that reads them.
+struct StateRole {
+  llvm::StringLiteral attribute;
+  llvm::StringLiteral field;
+  llvm::StringLiteral pass; ///< the pass that appends it
+  bool perParameter;
+  bool keptOnSkip;
+};
+/// Every role a pass appends, in no particular order.
+llvm::ArrayRef<StateRole> stateRoles();
+/// The role marked `attribute` (one of stateRoles()).
+const StateRole &stateRole(llvm::StringRef attribute);
+
 //===----------------------------------------------------------------------===//
 // Decisions
 //===----------------------------------------------------------------------===//

@@ -13,6 +13,7 @@
 #include "Passes.h"
 #include "Policy.h"
 #include "StableHLO.h"
+#include "TrainingStep.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -174,12 +175,11 @@ Value Fp8GemmsPass::referenceAmax(OpBuilder &builder, Location loc,
   // The history: one more argument and result of main, newest amax first.
   Type f32 = builder.getF32Type();
   auto historyType = RankedTensorType::get({amaxHistory}, f32);
-  unsigned argIndex = main.getNumArguments();
-  DictionaryAttr marker = builder.getDictionaryAttr(
-      {builder.getNamedAttr(attr::kAmaxHistory, builder.getUnitAttr())});
-  if (failed(main.insertArgument(argIndex, historyType, marker, loc)))
+  Attribute unit = builder.getUnitAttr();
+  BlockArgument history =
+      appendStateArgument(main, historyType, attr::kAmaxHistory, unit);
+  if (!history)
     return currentAmax;
-  Value history = main.getArgument(argIndex);
   Value past = shlo::buildReduceAll(builder, loc, history, "maximum", 0.0);
   Value havePast = shlo::buildCompare(
       builder, loc, past, shlo::buildScalar(builder, loc, f32, 0.0), "GT");
@@ -199,11 +199,10 @@ Value Fp8GemmsPass::referenceAmax(OpBuilder &builder, Location loc,
         {newest, shlo::buildSlice(builder, loc, history, {0},
                                   {amaxHistory - 1}, {1})},
         0);
-  Operation *returnOp = main.front().getTerminator();
-  llvm::SmallVector<Value> results(returnOp->getOperands());
-  results.push_back(rolled);
-  main.insertResult(main.getNumResults(), historyType, marker);
-  returnOp->setOperands(results);
+  // A skipped step keeps the history (an overflow's amax stays out of it).
+  if (failed(appendStateResult(main, rolled, attr::kAmaxHistory, unit,
+                               history.getArgNumber())))
+    return currentAmax;
   return reference;
 }
 

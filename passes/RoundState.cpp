@@ -493,18 +493,14 @@ private:
   /// (simplify-fp-conversions), leaving c' = 0.
   void compensate(func::FuncOp main, ArrayRef<RoundedState> converts) {
     OpBuilder builder(&getContext());
-    Operation *terminator = main.front().getTerminator();
     for (const RoundedState &rounded : converts) {
       Operation *convert = rounded.convert;
       Type lowType = convert->getResult(0).getType();
-      unsigned bufferIndex = main.getNumArguments();
-      NamedAttribute role = builder.getNamedAttr(
-          attr::kCompensation, builder.getI64IntegerAttr(rounded.argument));
-      if (failed(main.insertArgument(bufferIndex, lowType,
-                                     builder.getDictionaryAttr({role}),
-                                     main.getLoc())))
+      Attribute owner = builder.getI64IntegerAttr(rounded.argument);
+      BlockArgument buffer =
+          appendStateArgument(main, lowType, attr::kCompensation, owner);
+      if (!buffer)
         return signalPassFailure();
-      Value buffer = main.getArgument(bufferIndex);
       Location loc = convert->getLoc();
       builder.setInsertionPoint(convert);
       Value value = convert->getOperand(0);
@@ -523,14 +519,9 @@ private:
       convert->getResult(0).replaceAllUsesWith(next);
       convert->erase();
 
-      NamedAttribute stateOf = builder.getNamedAttr(
-          attr::kStateOf, builder.getI64IntegerAttr(bufferIndex));
-      if (failed(main.insertResult(main.getNumResults(), lowType,
-                                   builder.getDictionaryAttr({role, stateOf}))))
+      if (failed(appendStateResult(main, nextBuffer, attr::kCompensation,
+                                   owner, buffer.getArgNumber())))
         return signalPassFailure();
-      SmallVector<Value> operands(terminator->getOperands());
-      operands.push_back(nextBuffer);
-      terminator->setOperands(operands);
     }
   }
 
@@ -542,14 +533,11 @@ private:
     Type u32 = builder.getIntegerType(32, /*isSigned=*/false);
     Type u64 = builder.getIntegerType(64, /*isSigned=*/false);
     auto keyType = RankedTensorType::get({4}, u32);
-    unsigned keyIndex = main.getNumArguments();
-    NamedAttribute role = builder.getNamedAttr(attr::kRoundingKey,
-                                               builder.getUnitAttr());
-    if (failed(main.insertArgument(keyIndex, keyType,
-                                   builder.getDictionaryAttr({role}),
-                                   main.getLoc())))
+    Attribute unit = builder.getUnitAttr();
+    BlockArgument key =
+        appendStateArgument(main, keyType, attr::kRoundingKey, unit);
+    if (!key)
       return signalPassFailure();
-    Value key = main.getArgument(keyIndex);
     Location loc = main.getLoc();
 
     // THREE_FRY's state is ui64[2]: the key's four words, two by two.
@@ -578,15 +566,9 @@ private:
     Value nextPairs = shlo::buildBitcastConvert(
         builder, loc, state, RankedTensorType::get({2, 2}, u32));
     Value nextKey = shlo::buildReshape(builder, loc, nextPairs, {4});
-    unsigned resultIndex = main.getNumResults();
-    NamedAttribute stateOf = builder.getNamedAttr(
-        attr::kStateOf, builder.getI64IntegerAttr(keyIndex));
-    if (failed(main.insertResult(resultIndex, keyType,
-                                 builder.getDictionaryAttr({role, stateOf}))))
+    if (failed(appendStateResult(main, nextKey, attr::kRoundingKey, unit,
+                                 key.getArgNumber())))
       return signalPassFailure();
-    SmallVector<Value> operands(terminator->getOperands());
-    operands.push_back(nextKey);
-    terminator->setOperands(operands);
   }
 };
 

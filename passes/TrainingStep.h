@@ -22,6 +22,20 @@ namespace mlir::amp {
 LogicalResult verifyStateResult(func::FuncOp main, unsigned result,
                                 unsigned arg);
 
+/// Appends to `main` the argument of a state role (one of stateRoles()),
+/// marked with the role: `value` is the marker's value (unit, or the
+/// parameter argument of a per-parameter role). Null when it cannot be
+/// inserted.
+BlockArgument appendStateArgument(func::FuncOp main, Type type,
+                                  StringRef role, Attribute value);
+/// Appends `next`, the role's value after the step, as a result marked like
+/// its argument (number `argument`). A role kept on a skipped step also
+/// marks it `amp.state_of` that argument, so amp-loss-scale returns the old
+/// value on such a step.
+LogicalResult appendStateResult(func::FuncOp main, Value next,
+                                StringRef role, Attribute value,
+                                unsigned argument);
+
 } // namespace mlir::amp
 
 #endif // STABLEHLO_AMP_TRAININGSTEP_H

@@ -166,7 +166,7 @@ func.func public @main(%x: tensor<32x64xf32>, %w: tensor<64x16xf32>, %y: tensor<
 // step's amax followed by the first three.
 
 // DELAYED-LABEL: func.func public @main(
-// DELAYED-SAME: %[[X:[^:]*]]: tensor<32x64xbf16>, %[[W:[^:]*]]: tensor<64x16xbf16>, %[[HX:[^:]*]]: tensor<4xf32> {amp.amax_history}, %[[HW:[^:]*]]: tensor<4xf32> {amp.amax_history}) -> (tensor<32x16xf32>, tensor<4xf32> {amp.amax_history}, tensor<4xf32> {amp.amax_history})
+// DELAYED-SAME: %[[X:[^:]*]]: tensor<32x64xbf16>, %[[W:[^:]*]]: tensor<64x16xbf16>, %[[HX:[^:]*]]: tensor<4xf32> {amp.amax_history}, %[[HW:[^:]*]]: tensor<4xf32> {amp.amax_history}) -> (tensor<32x16xf32>, tensor<4xf32> {amp.amax_history, amp.state_of = 2 : i64}, tensor<4xf32> {amp.amax_history, amp.state_of = 3 : i64})
 // DELAYED: %[[AMAX:.*]] = stablehlo.reduce(%{{.*}} init: %{{.*}}) applies stablehlo.maximum across dimensions = [0, 1] : (tensor<32x64xf32>, tensor<f32>) -> tensor<f32>
 // DELAYED: %[[PAST:.*]] = stablehlo.reduce(%[[HX]] init: %{{.*}}) applies stablehlo.maximum across dimensions = [0] : (tensor<4xf32>, tensor<f32>) -> tensor<f32>
 // DELAYED: %[[HAVE:.*]] = stablehlo.compare GT, %[[PAST]], %{{.*}} : (tensor<f32>, tensor<f32>) -> tensor<i1>

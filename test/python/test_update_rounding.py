@@ -13,7 +13,7 @@ import pytest
 
 import stablehlo_amp as amp
 from stablehlo_amp._src import hlo
-from stablehlo_amp._src.training import _encode_f8 as encode_f8
+from stablehlo_amp._src.train_state import encode_f8
 
 BF16 = "p=bf16,c=bf16,o=f32"
 

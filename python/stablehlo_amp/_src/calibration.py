@@ -215,7 +215,7 @@ def calibrate(module: ir.Module, policy: Policy, options: pl.RewriteOptions,
   groups = {d.group: short_location(d.loc) for d in report.decisions
             if d.group is not None and d.precision == report_mod.LOW
             and d.reason_id in _GROUP_ROOT_REASONS}
-  if options.storage != "f32" and any(d.stored for d in report.decisions):
+  if options.storage != contract.values("storage").f32 and any(d.stored for d in report.decisions):
     # Rounding stored results is an error source of its own: a candidate
     # like the groups, so calibration can reach f32 when it must.
     groups[STORAGE_GROUP] = "results stored in the compute dtype"

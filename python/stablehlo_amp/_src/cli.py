@@ -246,6 +246,49 @@ def _check_usage(args, parser: argparse.ArgumentParser) -> str | None:
   return None
 
 
+def _rewrite_chunks(args: argparse.Namespace, chunks: list, name: str,
+                    policy: Any, options: Any, calibration: Any
+                    ) -> tuple[list[str], int]:
+  """Each chunk rewritten (or run through --pass-pipeline) and printed in
+  the form asked for; diagnostics, calibration and reports go to stderr.
+  The outputs, and the exit status (invalid IR in any chunk)."""
+  from stablehlo_amp._src import pipeline as pl
+  outputs, status = [], EXIT_OK
+  for chunk in chunks:
+    context = pl.ir_context()
+    try:
+      with context:
+        if args.pass_pipeline is not None:
+          form = pl.SourceForm()
+          module = pl.parse_module(chunk, context, name, form)
+          result = pl.run_pipeline(module, args.pass_pipeline,
+                                   context=context, source_name=name,
+                                   form=form)
+        elif calibration is not None:
+          from stablehlo_amp._src import calibration as cal
+          result = cal.calibrate_module(
+              chunk, policy, options, calibration,
+              tolerance=args.tolerance or 1e-2, source_name=name,
+              context=context, measure=args.error_measure or "norm")
+        else:
+          result = pl.rewrite_module(chunk, policy, options,
+                                     report=args.report, source_name=name,
+                                     context=context)
+        emit = args.emit or ("portable" if result.form.kind == "portable"
+                             else "pretty")
+        outputs.append(result.text(emit, args.debug_info))
+      for diagnostic in result.diagnostics:
+        print(diagnostic, file=sys.stderr)
+      if result.calibration is not None:
+        print(result.calibration, file=sys.stderr)
+      if args.report and result.report is not None:
+        print(result.report, file=sys.stderr)
+    except pl.AmpError as error:
+      print(error, file=sys.stderr)
+      status = EXIT_INVALID_IR
+  return outputs, status
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = _build_parser()
   args = parser.parse_args(argv)
@@ -295,39 +338,8 @@ def main(argv: list[str] | None = None) -> int:
 
   chunks = (_chunks(source) if args.split_input_file and
             isinstance(source, str) else [source])
-  outputs, status = [], EXIT_OK
-  for chunk in chunks:
-    context = pl.ir_context()
-    try:
-      with context:
-        if args.pass_pipeline is not None:
-          form = pl.SourceForm()
-          module = pl.parse_module(chunk, context, name, form)
-          result = pl.run_pipeline(module, args.pass_pipeline,
-                                   context=context, source_name=name,
-                                   form=form)
-        elif calibration is not None:
-          from stablehlo_amp._src import calibration as cal
-          result = cal.calibrate_module(
-              chunk, policy, options, calibration,
-              tolerance=args.tolerance or 1e-2, source_name=name,
-              context=context, measure=args.error_measure or "norm")
-        else:
-          result = pl.rewrite_module(chunk, policy, options,
-                                     report=args.report, source_name=name,
-                                     context=context)
-        emit = args.emit or ("portable" if result.form.kind == "portable"
-                             else "pretty")
-        outputs.append(result.text(emit, args.debug_info))
-      for diagnostic in result.diagnostics:
-        print(diagnostic, file=sys.stderr)
-      if result.calibration is not None:
-        print(result.calibration, file=sys.stderr)
-      if args.report and result.report is not None:
-        print(result.report, file=sys.stderr)
-    except pl.AmpError as error:
-      print(error, file=sys.stderr)
-      status = EXIT_INVALID_IR
+  outputs, status = _rewrite_chunks(args, chunks, name, policy, options,
+                                    calibration)
   if status != EXIT_OK and args.output != "-":
     return status  # a file is written whole or not at all
   if not outputs:

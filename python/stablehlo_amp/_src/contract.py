@@ -179,6 +179,29 @@ def _pass_option_help() -> dict[tuple[str, str], str]:
   return found
 
 
+@functools.cache
+def values(name: str) -> Any:
+  """The values of the choice option `name` (or of the policy's ``gemm``)
+  as a named tuple of ids: ``values("update_rounding").kahan`` is
+  ``"kahan"``. Python compares option values through these, never as
+  literals, so a value the contract drops or renames fails where it is
+  used (AttributeError)."""
+  if name == "gemm":
+    choices = [entry["name"] for entry in document()["policy"]["gemm_dtypes"]]
+  else:
+    choices = options()[name]["choices"]
+  return _keys(f"{name}_values", {choice: choice for choice in choices})
+
+
+def state_roles() -> Mapping[str, Mapping[str, Any]]:
+  """Per role attribute a pass appends to a training step's main: the
+  `TrainState` field that gives its argument and takes its result
+  (``field``), the pass, whether there is one per parameter
+  (``per_parameter``) and whether a skipped step keeps the old value
+  (``kept_on_skip``, which the program does)."""
+  return document()["state_roles"]
+
+
 def target_option() -> str:
   """The option naming the backend, which other options' defaults follow."""
   return next(name for name, spec in options().items() if spec.get("target"))

@@ -169,7 +169,8 @@ class RewriteOptions:
     made before anything is traced)."""
     reduce = self.reduce_dtype
     compute = str(policy).split("c=")[1].split(",")[0]
-    if reduce not in ("f32", "compute", compute):
+    named = contract.values("reduce_dtype")
+    if reduce not in (named.f32, named.compute, compute):
       raise ValueError(
           f"reduce_dtype={reduce!r} is neither f32 nor the compute dtype of "
           f"policy {policy} ({compute}): use 'f32', {compute!r} or "
@@ -263,15 +264,16 @@ def build_pipeline(policy: Policy, options: RewriteOptions, *,
                       dict(policy=str(policy),
                            **options.pass_options(contract.INSERT_CONVERTS),
                            report=report))
-  if options.level == "O0" and not loss_scale:
+  identity = options.level == contract.values("level").O0
+  if identity and not loss_scale:
     # O0 is the identity: not even the convert cleanup runs.
     return f"builtin.module({insert})"
   passes = [insert]
-  if policy.gemm != "compute" and options.level != "O0":
+  if policy.gemm != contract.values("gemm").compute and not identity:
     passes.append(_pass_text(contract.FP8_GEMMS, dict(
         gemm=policy.gemm, **options.pass_options(contract.FP8_GEMMS),
         report=report)))
-  if options.runs(contract.REMATERIALIZE) and options.level != "O0":
+  if options.runs(contract.REMATERIALIZE) and not identity:
     passes.append(_pass_text(contract.REMATERIALIZE,
                              options.pass_options(contract.REMATERIALIZE)))
   round_state = options.pass_options(contract.ROUND_STATE)

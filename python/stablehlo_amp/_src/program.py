@@ -408,6 +408,30 @@ def lower_marked(jitted: Callable, args: Sequence, kwargs: dict, *,
                 callbacks, indexed, key_avals)
 
 
+def _rewritten_signature(module: ir.Module, context: ir.Context,
+                         marked: Marked, exported: Any) -> tuple:
+  """What the rewritten `module`'s main takes and returns: the roles and
+  owners of what the passes appended (`_appended_roles`), the input and
+  output avals, and `exported` rewritten to it (None when not exporting).
+  RewriteError when main's arity is not the lowered one's plus what was
+  appended."""
+  kept, out_tree = marked.kept, marked.out_tree
+  with context:
+    roles = _appended_roles(module, len(kept), out_tree.num_leaves, kept)
+    extra_in, extra_out = len(roles[0]), len(roles[1])
+    inputs, results = main_signature(module)
+    in_avals = tuple(aval_of_type(t) for t in inputs)
+    all_out_avals = tuple(aval_of_type(t) for t in results)
+    if exported is not None:
+      exported = _flat_exported(exported, module, extra_in, extra_out)
+      in_avals, all_out_avals = exported.in_avals, exported.out_avals
+    elif (len(inputs) != len(kept) + extra_in or
+          len(results) != out_tree.num_leaves + extra_out):
+      raise pl.RewriteError("the rewritten module has an unexpected number "
+                            "of arguments or results")
+  return roles, in_avals, all_out_avals, exported
+
+
 def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
           param_flags: Sequence[bool], policy: Policy,
           options: pl.RewriteOptions, source_name: str,
@@ -441,32 +465,20 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
                           use_export=use_export)
   started = time.perf_counter()
   context = pl.ir_context()
-  module, kept, out_tree, exported = (marked.module, marked.kept,
-                                      marked.out_tree, marked.exported)
+  kept, out_tree, exported = marked.kept, marked.out_tree, marked.exported
   result = pl.rewrite_module(
-      module, policy, options, context=context, source_name=source_name,
+      marked.module, policy, options, context=context, source_name=source_name,
       loss_scale=loss_scale.pass_options() if loss_scale else None)
   for diagnostic in result.diagnostics:
     warnings.warn(f"stablehlo-amp: {diagnostic}", stacklevel=4)
-  with context:
-    in_roles, out_roles, in_owners, out_owners = _appended_roles(
-        result.module, len(kept), out_tree.num_leaves, kept)
-    extra_in, extra_out = len(in_roles), len(out_roles)
-    inputs, results = main_signature(result.module)
-    in_avals = tuple(aval_of_type(t) for t in inputs)
-    all_out_avals = tuple(aval_of_type(t) for t in results)
-    if exported is not None:
-      exported = _flat_exported(exported, result.module, extra_in, extra_out)
-      in_avals, all_out_avals = exported.in_avals, exported.out_avals
-    elif (len(inputs) != len(kept) + extra_in or
-          len(results) != out_tree.num_leaves + extra_out):
-      raise pl.RewriteError("the rewritten module has an unexpected number "
-                            "of arguments or results")
+  roles, in_avals, all_out_avals, exported = _rewritten_signature(
+      result.module, context, marked, exported)
+  in_roles, out_roles, in_owners, out_owners = roles
+  extra_out = len(out_roles)
   # Typed keys come out of `call` as keys, out of the module as data.
   key_avals, module_out_avals = (), ()
   if exported is None and any(a is not None for a in marked.out_key_avals):
-    key_avals = marked.out_key_avals
-    module_out_avals = all_out_avals
+    key_avals, module_out_avals = marked.out_key_avals, all_out_avals
     all_out_avals = tuple(
         key if key is not None else aval for key, aval in
         zip(key_avals + (None,) * (len(all_out_avals) - len(key_avals)),
@@ -739,7 +751,8 @@ def outer_compiler_options(options: pl.RewriteOptions) -> dict:
   """Compiler options for the jit that runs rewritten programs: on XLA:CPU
   with low-precision storage, the fusion choice that keeps stored values in
   their low-precision dtype (jax_compat.cpu_storage_compiler_options)."""
-  if (options.target != "cpu" or options.storage == "f32" or
+  if (options.target != contract.values("target").cpu or
+      options.storage == contract.values("storage").f32 or
       jax.default_backend() != "cpu"):
     return {}
   compiler_options = jax_compat.cpu_storage_compiler_options()

@@ -399,6 +399,15 @@ class Report:
                    "once, not memory use): before "
                    f"{by_dtype(self.bytes_before)}; after "
                    f"{by_dtype(self.bytes_after)}")
+    lines.extend(self._compiled_text(compute))
+    if self.collectives:
+      lines.extend(self._collectives_text())
+    return "\n".join(lines)
+
+  def _compiled_text(self, compute: str) -> list[str]:
+    """What compile() added: XLA's memory figures, and which decisions the
+    compiled program kept."""
+    lines = []
     if self.memory:
       lines.append("  XLA memory (after compile()): " + ", ".join(
           f"{k} {_mib(v)}" for k, v in self.memory.items()))
@@ -418,9 +427,7 @@ class Report:
         lines.append("  kept by XLA: " + "; ".join(parts))
       for line in self.lost_in_xla():
         lines.append(f"    not kept: {line}")
-    if self.collectives:
-      lines.extend(self._collectives_text())
-    return "\n".join(lines)
+    return lines
 
   def _collectives_text(self, shown: int = 10) -> list[str]:
     """Bytes moved per device by kind and dtype, then the largest groups

@@ -11,8 +11,7 @@ compiled program with no host round trip.
 
 from __future__ import annotations
 
-from typing import (TYPE_CHECKING, Any, Callable, Mapping, NamedTuple,
-                    Sequence)
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import inspect
 import warnings
@@ -28,12 +27,14 @@ from stablehlo_amp._src import contract
 from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
+from stablehlo_amp._src import train_state as ts
 from stablehlo_amp._src.loss_scale import (DynamicLossScale, LossScale,
                                            check_loss_scale,
                                            default_loss_scale)
 from stablehlo_amp._src.policy import Policy, as_policy
 from stablehlo_amp._src.program import (Lowered, OuterJit, is_float,
                                         function_name)
+from stablehlo_amp._src.train_state import TrainState
 
 
 def _leaves(tree: Any) -> list:
@@ -45,120 +46,6 @@ def _param_flags(tree: Any) -> list[bool]:
   parameters (x64) keep theirs."""
   return [is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
           for x in _leaves(tree)]
-
-
-def _stored_low(x: Any) -> bool:
-  """Whether opt_state_dtype="bf16" or "f8" stores an optimizer-state leaf
-  low: f32 tensors (moments, momentum, accumulated gradients). Scalars stay
-  as they are: hyperparameters (Adam's b2 = 0.999 is 1.0 in bf16, and its
-  bias correction would divide by zero) and counters."""
-  return (is_float(x) and jnp.ndim(x) > 0 and
-          jnp.dtype(jax_compat.dtype_of(x)) in (jnp.dtype(jnp.float32),
-                                               jnp.dtype(jnp.bfloat16)))
-
-
-def _encode_f8(x: Any) -> jax.Array:
-  """`x` (f32) in the f8 layout, as amp-round-state encodes a step's new
-  state (RoundState.cpp, encodeBlocks; `test_update_rounding.py` holds the
-  two to the same bytes): the first state, which the optimizer makes."""
-  layout = contract.document()["optimizer_state_f8"]
-  stored = contract.f8_state_shape(tuple(jnp.shape(x)))
-  group = stored[:-1] + (layout["block"],)
-  x = jnp.asarray(x, jnp.float32)
-  roots = jnp.sign(x) * jnp.sqrt(jnp.abs(x))  # companded
-  padded = int(np.prod(group, dtype=np.int64))
-  if padded != roots.size:  # the flat layout, zero-padded
-    roots = jnp.pad(jnp.ravel(roots), (0, padded - roots.size))
-  grouped = roots.reshape(group)
-  largest = jnp.max(jnp.abs(grouped), axis=-1)
-  scale = largest / jnp.float32(layout["max"])
-  divisor = jnp.where(largest > 0, scale, jnp.float32(1))
-  scaled = grouped / divisor[..., None]
-  lifted = jnp.sign(scaled) * jnp.maximum(jnp.abs(scaled),
-                                          jnp.float32(layout["smallest"]))
-  codes = jnp.clip(lifted, -layout["max"],
-                   layout["max"]).astype(jnp.float8_e4m3fn)
-  return jnp.concatenate(
-      [jax.lax.bitcast_convert_type(codes, jnp.uint8),
-       jax.lax.bitcast_convert_type(scale, jnp.uint8)], axis=-1)
-
-
-def _f8_block_sharding(sharding: Any, shape: Sequence[int]
-                       ) -> tuple[Any, bool]:
-  """How the f8 blocks of a tensor of `shape` sharded by `sharding` are
-  sharded: like the tensor along the leading dimensions the layout keeps,
-  and over the other dimensions' mesh axes along the blocks when their
-  devices divide the block count (each device then holds the blocks of its
-  own part of the tensor, when its part is whole blocks). Also whether
-  any mesh axis could not be kept (the blocks are replicated over it).
-  (None, False) for a sharding that is no NamedSharding (one device)."""
-  from jax.sharding import NamedSharding, PartitionSpec
-  if not isinstance(sharding, NamedSharding):
-    return None, False
-  stored = contract.f8_state_shape(tuple(shape))
-  kept = len(stored) - 2
-  spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
-  merged = [axis for entry in spec[kept:] if entry is not None
-            for axis in (entry if isinstance(entry, tuple) else (entry,))]
-  devices = int(np.prod([sharding.mesh.shape[a] for a in merged], dtype=int))
-  blocks_entry = None
-  if merged and stored[-2] % devices == 0:
-    blocks_entry = tuple(merged) if len(merged) > 1 else merged[0]
-  lost = bool(merged) and blocks_entry is None
-  return NamedSharding(sharding.mesh, PartitionSpec(
-      *spec[:kept], blocks_entry, None)), lost
-
-
-def _explicit(mesh: Any) -> bool:
-  """Whether `mesh` has explicit axes (jax.make_mesh's default in newer
-  JAX), under which a computation's shardings are part of its types."""
-  return any("explicit" in str(kind).lower()
-             for kind in getattr(mesh, "axis_types", None) or ())
-
-
-def _encode_f8_like(x: Any, sharding: Any) -> jax.Array:
-  """`_encode_f8(x)`, sharded by `sharding` (an `_f8_block_sharding`)."""
-  if sharding is None:
-    return _encode_f8(x)
-  encode = _encode_f8
-  if _explicit(sharding.mesh):
-    # Under explicit axes the flattening would need a sharding per step;
-    # the encoding is left to the partitioner, and its result placed.
-    encode = jax.sharding.auto_axes(_encode_f8, out_sharding=sharding)
-  return jax.jit(encode, out_shardings=sharding)(x)
-
-
-def _state_shardings(state: "TrainState") -> tuple:
-  """The NamedSharding of each leaf of the state the step carries
-  (parameters, optimizer state, model state, compensation buffers), None
-  where there is none (one device, or a tracer: a step inside a jit). The
-  step's new state keeps them: XLA's sharding propagation would otherwise
-  choose for values it computes (f8 blocks came back replicated)."""
-  from jax.sharding import NamedSharding
-  leaves = jax.tree_util.tree_leaves((state.params, state.opt_state,
-                                      state.model_state, state.compensation))
-  return tuple(
-      x.sharding if isinstance(x, jax.Array) and
-      not isinstance(x, jax.core.Tracer) and
-      isinstance(getattr(x, "sharding", None), NamedSharding) else None
-      for x in leaves)
-
-
-def _keep_shardings(tree: Any, shardings: tuple) -> Any:
-  """`tree` with each leaf constrained to its sharding (None: left to
-  XLA)."""
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  if len(leaves) != len(shardings) or not any(shardings):
-    return tree
-  constrained = []
-  for leaf, sharding in zip(leaves, shardings):
-    if sharding is None:
-      constrained.append(leaf)
-    elif _explicit(sharding.mesh):
-      constrained.append(jax.sharding.reshard(leaf, sharding))
-    else:
-      constrained.append(jax.lax.with_sharding_constraint(leaf, sharding))
-  return jax.tree_util.tree_unflatten(treedef, constrained)
 
 
 def _lowering_inputs(params: Any, *others: Any,
@@ -278,20 +165,6 @@ def _grad_of_floats(loss_fn: Callable, params: Any, seed: jax.Array, *,
   return loss, aux, grads_tree
 
 
-def _optimizer_view(params: Any) -> Any:
-  """What the optimizer sees of the parameters: the float leaves in f32 (f64
-  kept) and None in place of the others, as `eqx.filter(params,
-  eqx.is_inexact_array)` gives; so integer counters and PRNG keys get no
-  optimizer state and no update."""
-  def view(x):
-    if not is_float(x):
-      return None
-    if jnp.dtype(x.dtype) == jnp.dtype(jnp.float64):
-      return x
-    return x.astype(jnp.float32)
-  return jax.tree_util.tree_map(view, params)
-
-
 def _check_same_types(what: str, given: Any, returned: Any) -> None:
   """A step's new state must have the structure, shapes and dtypes of the
   state it was given (it is kept or discarded leaf by leaf, and the next
@@ -308,55 +181,6 @@ def _check_same_types(what: str, given: Any, returned: Any) -> None:
     if a.shape != b.shape or a.dtype != b.dtype:
       raise TypeError(f"{prefix}: at {jax.tree_util.keystr(path) or 'the root'}"
                       f" expected {describe(a)}, got {describe(b)}")
-
-
-def _split_extra(program: prog.Program, extra: Sequence[Any]
-                 ) -> tuple[list, list, Any, dict]:
-  """The appended outputs: (FP8 amax histories, loss-scale outputs, the
-  next rounding key or None, the next Kahan compensation buffers by the
-  flat input leaf of their parameter)."""
-  history = contract.attribute("amax_history")
-  key = contract.attribute("rounding_key")
-  buffer = contract.attribute("compensation")
-  roles = program.extra_out_roles
-  histories = [v for v, r in zip(extra, roles) if r == history]
-  keys = [v for v, r in zip(extra, roles) if r == key]
-  buffers = {leaf: v for v, r, leaf in
-             zip(extra, roles, program.extra_out_owners) if r == buffer}
-  rest = [v for v, r in zip(extra, roles)
-          if r not in (history, key, buffer)]
-  return histories, rest, (keys[0] if keys else None), buffers
-
-
-def _extra_inputs(program: prog.Program, histories: Sequence[Any],
-                  loss_scale: LossScale, rounding_key: Any = None,
-                  compensation: Sequence[Any] = ()) -> list:
-  """The appended inputs in main's order, by role. `compensation`: the
-  Kahan buffer of each flat input leaf (None where there is none)."""
-  history = contract.attribute("amax_history")
-  key = contract.attribute("rounding_key")
-  buffer = contract.attribute("compensation")
-  given, scale_state = iter(histories), iter(loss_scale.state())
-  inputs = []
-  for role, leaf in zip(program.extra_in_roles, program.extra_in_owners):
-    if role == history:
-      inputs.append(next(given))
-    elif role == key:
-      if rounding_key is None:
-        raise TypeError("this step rounds its bf16 state stochastically and "
-                        "the state holds no rounding key: make the state "
-                        "with this step's init")
-      inputs.append(rounding_key)
-    elif role == buffer:
-      if leaf >= len(compensation) or compensation[leaf] is None:
-        raise TypeError("this step compensates the rounding of its bf16 "
-                        "parameters (update_rounding='kahan') and the state "
-                        "holds no compensation buffer for one of them: make "
-                        "the state with this step's init")
-      inputs.append(compensation[leaf])
-    else:
-      inputs.append(next(scale_state))
-  return inputs
 
 
 class _LossScaledProgram:
@@ -502,8 +326,8 @@ class ValueAndGrad(_LossScaledProgram):
     program = self._build(prog.signature_key((diff, rest, kwargs, loss_scale)),
                           self._inner, export_args, flags, len(leaves) - 1,
                           loss_scale)
-    outputs, extra = program.call(leaves,
-                                  _extra_inputs(program, (), loss_scale))
+    outputs, extra = program.call(leaves, ts.appended_inputs(
+        program, {"loss_scale": loss_scale}, None))
     loss, aux, grads = jax.tree_util.tree_unflatten(program.out_tree, outputs)
     # Leaves that are not floats (integer counters) get zeros of their own
     # dtype (jax.grad(allow_int=True) gives float0, which optimizers reject).
@@ -514,6 +338,7 @@ class ValueAndGrad(_LossScaledProgram):
     grads = (grads[positions[0]] if isinstance(self.argnums, int) else
              tuple(grads[i] for i in positions))
     value = (loss, aux) if self.has_aux else loss
+    extra = ts.appended_results(program, extra).get("loss_scale", [])
     return ((value, grads), loss_scale.grads_finite(extra),
             loss_scale.with_state(extra))
 
@@ -552,36 +377,150 @@ def value_and_grad(fun: Callable,
 # With a fixed loss scale (or none), this many skipped steps make the step
 # warn that training is not progressing; dynamic scaling warns once its
 # scale has backed off to its minimum.
+
+
 STUCK_STEPS = 10
 
 
-class TrainState(NamedTuple):
-  """Everything a step reads and writes, as a pytree of tensors."""
-  params: Any
-  opt_state: Any
-  loss_scale: LossScale
-  skipped_steps: jax.Array  # int32: steps skipped for non-finite gradients
-  model_state: Any = None   # e.g. BatchNorm statistics; None if unused
-  # FP8 delayed scaling: one f32[amax_history] per FP8 operand, newest
-  # first; None until the first step (which makes them).
-  amax_history: Any = None
-  # update_rounding="stochastic": the state of the random bits that round
-  # the new bf16 parameters (uint32[4]); None otherwise.
-  rounding_key: Any = None
-  # update_rounding="kahan": a pytree like params with, at each bf16
-  # parameter, a bf16 buffer of what rounding its updates lost (None at the
-  # other leaves); None otherwise.
-  compensation: Any = None
+def _check_step_options(policy: Policy, options: pl.RewriteOptions,
+                        given: Mapping[str, Any], optimizer: Any,
+                        keep_f32_state: Any) -> None:
+  """The errors of `train_step`'s arguments that no single option can see:
+  options that configure state or GEMMs the step does not have, and an
+  optimizer that is not a GradientTransformation."""
+  if keep_f32_state is not None:
+    _check_keep_f32_state(keep_f32_state)
+    if options.opt_state_dtype == contract.values("opt_state_dtype").f32:
+      raise ValueError(
+          "keep_f32_state= selects optimizer-state leaves to keep in f32 "
+          "when the rest are stored low: add opt_state_dtype='bf16' (or "
+          "'f8')")
+  fp8_options = sorted(name for name in given if contract.options()[
+      name]["pass"] == contract.FP8_GEMMS)
+  if fp8_options and policy.gemm == contract.values("gemm").compute:
+    raise ValueError(
+        f"{', '.join(fp8_options)} configure"
+        f"{'s' if len(fp8_options) == 1 else ''} FP8 GEMMs, and policy "
+        f"{policy} has none: add gemm=f8 (for example "
+        "p=f32,c=bf16,o=f32,gemm=f8)")
+  if (options.update_rounding != contract.values("update_rounding").nearest
+      and jnp.dtype(policy.param_dtype) != jnp.dtype(jnp.bfloat16)):
+    raise ValueError(
+        f"update_rounding={options.update_rounding!r} rounds bf16 "
+        f"parameters, and policy {policy} keeps them in "
+        f"{jnp.dtype(policy.param_dtype).name}: use p=bf16 (for example "
+        "p=bf16,c=bf16,o=f32)")
+  if not (callable(getattr(optimizer, "init", None)) and
+          callable(getattr(optimizer, "update", None))):
+    name = getattr(optimizer, "__name__", type(optimizer).__name__)
+    raise TypeError(
+        "optimizer must be an optax GradientTransformation (with init and "
+        f"update), got {name!r}" + _optimizer_hint(optimizer))
 
-  def replace(self, **changes: Any) -> "TrainState":
-    """A copy with the given fields replaced, as flax's struct.replace
-    (and NamedTuple's _replace)."""
-    return self._replace(**changes)
+
+def _loss_with_model_state(loss_fn: Callable, has_aux: bool, model_state: Any,
+                           batch: Any) -> Callable:
+  """``params -> (loss, (new_model_state, aux))`` for a loss that takes and
+  returns model state; a TypeError for a loss that returns no pair."""
+  def loss_of(params):
+    returned = loss_fn(params, model_state, batch)
+    if not (isinstance(returned, tuple) and len(returned) == 2):
+      shape = getattr(returned, "shape", None)
+      raise TypeError(
+          f"with a model state, {function_name(loss_fn)}(params, "
+          "model_state, batch) must return (loss, new_model_state)"
+          + (" (with has_aux=True: (loss, (new_model_state, aux)))"
+             if has_aux else "")
+          + "; it returned "
+          + (f"an array of shape {tuple(shape)}" if shape is not None
+             else f"a {type(returned).__name__}")
+          + ". Return the model state unchanged if the loss does not "
+          "update it")
+    loss, out = returned
+    new_state, aux = out if has_aux else (out, None)
+    return loss, (new_state, aux)
+  return loss_of
+
+
+def _step_function(loss_fn: Callable, optimizer: Any, has_aux: bool,
+                   with_state: bool) -> Callable:
+  """The step the program is lowered from: ``(params, opt_state,
+  model_state, batch, seed) -> (loss, aux, new_params, new_opt_state,
+  new_model_state)``, the optimizer working on f32 values of the float
+  parameters (`optimizer_view`); the other leaves pass through."""
+  import optax
+
+  def step(params, opt_state, model_state, batch, seed):
+    if with_state:
+      loss, (new_state, aux), grads = _grad_of_floats(
+          _loss_with_model_state(loss_fn, has_aux, model_state, batch),
+          params, seed, has_aux=True, user_fun=loss_fn)
+    else:
+      loss, aux, grads = _grad_of_floats(
+          lambda p: loss_fn(p, batch), params, seed, has_aux=has_aux,
+          user_fun=loss_fn)
+      new_state = None
+    view = ts.optimizer_view(params)
+    updates, opt_state = optimizer.update(grads, opt_state, view)
+    new_params = jax.tree_util.tree_map(
+        lambda new, old: old if new is None else new,
+        optax.apply_updates(view, updates), params,
+        is_leaf=lambda x: x is None)
+    return loss, aux, new_params, opt_state, new_state
+  return step
+
+
+class _StuckWatch:
+  """Warns once when training is not progressing: skipped steps that no
+  loss scale can fix (dynamic scaling at its floor, or a fixed scale)."""
+
+  def __init__(self, policy: Policy, loss_scale: LossScale,
+               options: pl.RewriteOptions):
+    self.policy, self.options = policy, options
+    self.dynamic = isinstance(loss_scale, DynamicLossScale)
+    self.count, self.warned = 0, False
+
+  def watch(self, finite, loss, loss_scale, skipped) -> None:
+    """A skipped step at the floor calls back to the host. Nothing runs on
+    finite steps. Only where the step runs on this machine's backend: a
+    host callback cannot be compiled for another (a deviceless GPU compile
+    on a CPU host)."""
+    if self.options.target != pl.default_target():
+      return
+    if isinstance(loss_scale, DynamicLossScale):
+      floor = loss_scale.loss_scale <= jnp.float32(loss_scale.min_scale)
+    else:
+      floor = jnp.asarray(True)
+    jax.lax.cond(
+        jnp.logical_and(jnp.logical_not(finite), floor),
+        lambda: jax.debug.callback(self._stuck, skipped, jnp.isfinite(loss),
+                                   loss_scale.loss_scale),
+        lambda: None)
+
+  def _stuck(self, skipped, loss_finite, scale) -> None:
+    self.count += 1
+    if self.warned or (not self.dynamic and self.count < STUCK_STEPS):
+      return
+    self.warned = True
+    where = ("the loss itself is not finite: the forward pass overflows in "
+             f"{jnp.dtype(self.policy.compute_dtype).name}, which no loss "
+             "scale can fix (keep_f32= the op that overflows, or use bf16)"
+             if not bool(loss_finite) else
+             "the gradients are not finite while the loss is: the backward "
+             "pass overflows")
+    warnings.warn(
+        f"stablehlo-amp: {int(skipped)} steps skipped so far, the last ones "
+        f"at a loss scale of {float(scale):g}"
+        + (" (its minimum)" if self.dynamic else "") + f": {where}. Skipped "
+        "steps leave the parameters unchanged, so training is not "
+        "progressing", stacklevel=2)
 
 
 class TrainStep(_LossScaledProgram):
   """`amp.train_step(...)`: ``state = step.init(params)``, then
-  ``state, metrics = step(state, batch)``."""
+  ``state, metrics = step(state, batch)``. What the state holds and how it
+  is checked is `train_state.StateLayout`'s; this class lowers, rewrites
+  and calls the step."""
 
   _stateful = True
 
@@ -594,97 +533,23 @@ class TrainStep(_LossScaledProgram):
     super().__init__(loss_fn, policy, options)
     _check_flag("donate", donate)
     _check_flag("has_aux", has_aux)
-    if keep_f32_state is not None:
-      _check_keep_f32_state(keep_f32_state)
-      if self._options.opt_state_dtype == "f32":
-        raise ValueError(
-            "keep_f32_state= selects optimizer-state leaves to keep in f32 "
-            "when the rest are stored low: add opt_state_dtype='bf16' (or "
-            "'f8')")
-    self._keep_f32_state = keep_f32_state
-    fp8_options = sorted(name for name in options if contract.options()[
-        name]["pass"] == contract.FP8_GEMMS)
-    if fp8_options and self.policy.gemm == "compute":
-      raise ValueError(
-          f"{', '.join(fp8_options)} configure{'s' if len(fp8_options) == 1 else ''} "
-          f"FP8 GEMMs, and policy {self.policy} has none: add gemm=f8 "
-          "(for example p=f32,c=bf16,o=f32,gemm=f8)")
-    if (self._options.update_rounding != "nearest" and
-        jnp.dtype(self.policy.param_dtype) != jnp.dtype(jnp.bfloat16)):
-      raise ValueError(
-          f"update_rounding={self._options.update_rounding!r} rounds bf16 "
-          f"parameters, and policy "
-          f"{self.policy} keeps them in "
-          f"{jnp.dtype(self.policy.param_dtype).name}: use p=bf16 (for "
-          "example p=bf16,c=bf16,o=f32)")
-    if not (callable(getattr(optimizer, "init", None)) and
-            callable(getattr(optimizer, "update", None))):
-      name = getattr(optimizer, "__name__", type(optimizer).__name__)
-      raise TypeError(
-          "optimizer must be an optax GradientTransformation (with init and "
-          f"update), got {name!r}" + _optimizer_hint(optimizer))
-    self.optimizer = optimizer
-    self.has_aux = has_aux
-    self.donate = donate
-    self._stuck_steps, self._warned_stuck = 0, False
-    self._expected_states: dict = {}  # by the parameters' signature
+    _check_step_options(self.policy, self._options, options, optimizer,
+                        keep_f32_state)
     check_loss_scale(loss_scale)
-    self._initial_loss_scale = (loss_scale if loss_scale is not None else
-                                default_loss_scale(self.policy.compute_dtype))
-    self._inner_with_state = jax.jit(
-        _traced_as(loss_fn, self._module_fn(with_state=True)))
-    self._inner_without_state = jax.jit(
-        _traced_as(loss_fn, self._module_fn(with_state=False)))
+    self.optimizer, self.has_aux, self.donate = optimizer, has_aux, donate
+    if loss_scale is None:
+      loss_scale = default_loss_scale(self.policy.compute_dtype)
+    self.layout = ts.StateLayout(optimizer, self.policy, self._options,
+                                 loss_scale, keep_f32_state)
+    self._watch = _StuckWatch(self.policy, loss_scale, self._options)
+    self._inner = {with_state: jax.jit(_traced_as(loss_fn, _step_function(
+        loss_fn, optimizer, has_aux, with_state))) for with_state in
+                   (False, True)}
     # The third argument, static: the shardings of the state's leaves,
-    # which the new state keeps (see _state_shardings).
+    # which the new state keeps (see train_state.state_shardings).
     self._outer = OuterJit(self._traced, self._options,
-                            donate_argnums=(0,) if donate else (),
-                            static_argnums=(2,))
-
-  def _module_fn(self, with_state: bool) -> Callable:
-    loss_fn, has_aux = self.fun, self.has_aux
-
-    def module_fn(params, opt_state, model_state, batch, seed):
-      if with_state:
-        def loss_of(p):
-          returned = loss_fn(p, model_state, batch)
-          if not (isinstance(returned, tuple) and len(returned) == 2):
-            shape = getattr(returned, "shape", None)
-            raise TypeError(
-                f"with a model state, {function_name(loss_fn)}(params, "
-                "model_state, batch) must return (loss, new_model_state)"
-                + (" (with has_aux=True: (loss, (new_model_state, aux)))"
-                   if has_aux else "")
-                + "; it returned "
-                + (f"an array of shape {tuple(shape)}" if shape is not None
-                   else f"a {type(returned).__name__}")
-                + ". Return the model state unchanged if the loss does not "
-                "update it")
-          loss, out = returned
-          new_state, aux = out if has_aux else (out, None)
-          return loss, (new_state, aux)
-        loss, (new_state, aux), grads = _grad_of_floats(
-            loss_of, params, seed, has_aux=True, user_fun=loss_fn)
-      else:
-        loss, aux, grads = _grad_of_floats(
-            lambda p: loss_fn(p, batch), params, seed, has_aux=has_aux,
-            user_fun=loss_fn)
-        new_state = None
-      # The optimizer works on f32 values of the float parameters; the
-      # other leaves (integer counters) pass through unchanged.
-      view = _optimizer_view(params)
-      updates, opt_state = self.optimizer.update(grads, opt_state, view)
-      # optax.apply_updates, without importing optax: p + u in p's dtype.
-      updated = jax.tree_util.tree_map(
-          lambda p, u: None if p is None else
-          jnp.asarray(p + u).astype(jnp.asarray(p).dtype), view, updates,
-          is_leaf=lambda x: x is None)
-      new_params = jax.tree_util.tree_map(
-          lambda new, old: old if new is None else new, updated, params,
-          is_leaf=lambda x: x is None)
-      return loss, aux, new_params, opt_state, new_state
-
-    return module_fn
+                           donate_argnums=(0,) if donate else (),
+                           static_argnums=(2,))
 
   def init(self, params: Any, model_state: Any = None, *,
            rounding_seed: int = 0) -> TrainState:
@@ -698,288 +563,80 @@ class TrainStep(_LossScaledProgram):
 
     With `donate=True` the step consumes its state, so `init` copies the
     arrays it is given: the caller's `params` stay valid."""
-    copy = ((lambda x: jnp.array(x, copy=True)) if self.donate else
-            (lambda x: x))
-    params = jax.tree_util.tree_map(copy, params)
-    opt_state = self.optimizer.init(_optimizer_view(params))
-    # Stored low (the step reads and updates it in f32).
-    flags = iter(self._state_stored_low(opt_state))
-    replicated: list[str] = []
-    opt_state = jax.tree_util.tree_map_with_path(
-        lambda path, x: self._store_low(path, x, replicated)
-        if next(flags) else x, opt_state)
-    if replicated:
-      warnings.warn(
-          "stablehlo-amp: opt_state_dtype='f8' cannot shard these "
-          "optimizer-state leaves like their parameters and keeps them "
-          f"replicated over some mesh axes: {', '.join(replicated)}. Their "
-          f"blocks of {contract.document()['optimizer_state_f8']['block']} "
-          "values run along the last dimensions, and the devices do not "
-          "each hold whole blocks; keep them f32 (keep_f32_state) or bf16, "
-          "or shard the parameter along an earlier dimension", stacklevel=2)
-    params = jax.tree_util.tree_map(
-        lambda x: x.astype(self.policy.param_dtype)
-        if is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
-        else x, params)
-    model_state = jax.tree_util.tree_map(copy, model_state)
-    # Each state owns its loss-scale arrays: a donated step consumes them.
-    loss_scale = jax.tree_util.tree_map(copy, self._initial_loss_scale)
-    rounding_key = compensation = None
-    if self._options.update_rounding == "stochastic":
-      rounding_key = jnp.asarray(np.random.default_rng(rounding_seed).integers(
-          0, 2 ** 32, size=4, dtype=np.uint32))
-    if self._options.update_rounding == "kahan":
-      compensation = jax.tree_util.tree_map(
-          lambda x: jnp.zeros_like(x) if is_float(x) and jnp.dtype(
-              x.dtype) == jnp.dtype(jnp.bfloat16) else None, params)
-    return TrainState(params, opt_state, loss_scale,
-                      jnp.zeros((), jnp.int32), model_state,
-                      rounding_key=rounding_key, compensation=compensation)
-
-  def _expected_opt_state(self, params: Any) -> Any:
-    """The optimizer state this step takes for `params`, as shapes and
-    dtypes: the optimizer's own, with the leaves stored low as they are
-    stored (bf16, or the f8 layout)."""
-    key = prog.signature_key(params)
-    if key not in self._expected_states:
-      made = jax.eval_shape(
-          lambda p: self.optimizer.init(_optimizer_view(p)), params)
-      flags = iter(self._state_stored_low(made))
-
-      def stored(x):
-        if not next(flags):
-          return x
-        if self._options.opt_state_dtype == "bf16":
-          return jax.ShapeDtypeStruct(x.shape, jnp.bfloat16)
-        return jax.ShapeDtypeStruct(contract.f8_state_shape(tuple(x.shape)),
-                                    jnp.uint8)
-      self._expected_states[key] = jax.tree_util.tree_map(stored, made)
-    return self._expected_states[key]
-
-  def _check_opt_state(self, state: "TrainState") -> None:
-    """TypeError naming the first optimizer-state leaf that is not what
-    this step's optimizer makes for the state's parameters, as this step
-    stores it: a state of another step (f8 blocks under
-    opt_state_dtype='bf16', a plain optax state under a low-precision
-    one) or of other parameters."""
-    expected = self._expected_opt_state(state.params)
-    how = (f" (opt_state_dtype={self._options.opt_state_dtype!r})"
-           if self._options.opt_state_dtype != "f32" else "")
-    remedy = ("Make the state with this step's init; to restore a "
-              "checkpoint, restore into jax.eval_shape(step.init, params) "
-              "with the options it was saved with")
-    want, want_tree = jax.tree_util.tree_flatten_with_path(expected)
-    got, got_tree = jax.tree_util.tree_flatten_with_path(state.opt_state)
-    if want_tree != got_tree:
-      raise TypeError(
-          "the state's optimizer state does not have the structure this "
-          f"step's optimizer makes for its parameters: expected {want_tree}, "
-          f"got {got_tree}. {remedy}")
-    for (path, a), (_, b) in zip(want, got):
-      shape, dtype = tuple(jnp.shape(b)), jnp.dtype(jax_compat.dtype_of(b))
-      if shape == tuple(a.shape) and dtype == jnp.dtype(a.dtype):
-        continue
-      where = f"opt_state{jax.tree_util.keystr(path)}"
-      raise TypeError(
-          f"the state's {where} is {dtype.name}{list(shape)}, and this step"
-          f"{how} takes {jnp.dtype(a.dtype).name}{list(a.shape)} there: "
-          + ("it was made for parameters of other shapes. "
-             if dtype == jnp.dtype(a.dtype) else
-             "it was made by another step or by the optimizer alone. ")
-          + remedy)
-
-  def _store_low(self, path: Any, x: Any, replicated: list[str]) -> Any:
-    """An optimizer-state leaf as opt_state_dtype stores it: bf16, or the
-    f8 layout, its blocks sharded over the devices the leaf is sharded
-    over. `replicated` collects the sharded leaves of more than 64 KiB
-    whose blocks cannot be (a bias's few blocks go without saying)."""
-    if self._options.opt_state_dtype == "bf16":
-      return x.astype(jnp.bfloat16)
-    sharding, unsharded = (
-        (None, False) if isinstance(x, jax.core.Tracer) else
-        _f8_block_sharding(getattr(x, "sharding", None), jnp.shape(x)))
-    stored = contract.f8_state_shape(tuple(jnp.shape(x)))
-    if unsharded and np.prod(stored) > 64 * 1024:
-      replicated.append(f"opt_state{jax.tree_util.keystr(path)} "
-                        f"(uint8{list(stored)})")
-    return _encode_f8_like(x, sharding)
-
-  def _state_stored_low(self, opt_state: Any) -> list[bool]:
-    """Per optimizer-state leaf: whether it is stored low
-    (opt_state_dtype="bf16" or "f8", a float tensor, and not kept f32 by
-    keep_f32_state). `opt_state` as the optimizer makes it (f32)."""
-    if self._options.opt_state_dtype == "f32":
-      return [False] * len(_leaves(opt_state))
-    keep = self._keep_f32_state or (lambda path, leaf: False)
-    return [_stored_low(leaf) and not keep(path, leaf) for path, leaf in
-            jax.tree_util.tree_flatten_with_path(opt_state)[0]]
+    return self.layout.init(params, model_state, copy=self.donate,
+                            rounding_seed=rounding_seed)
 
   def __call__(self, state: TrainState, batch: Any):
-    self._check_state(state)
-    return self._outer(state, batch, _state_shardings(state))
+    self.layout.check(state)
+    return self._outer(state, batch, ts.state_shardings(state))
 
   def lower(self, state: TrainState, batch: Any) -> Lowered:
-    self._check_state(state)
-    jax_lowered = self._outer.lower(state, batch, _state_shardings(state))
+    self.layout.check(state)
+    jax_lowered = self._outer.lower(state, batch, ts.state_shardings(state))
     return Lowered(jax_lowered,
                    self._programs.get(self._program_key(state, batch)))
-
-  def _check_state(self, state: Any) -> None:
-    """TypeError unless `state` is a TrainState this step can take: its
-    loss scaling and parameter dtypes are the ones this step's `init`
-    makes."""
-    if not isinstance(state, TrainState):
-      raise TypeError(
-          "a train step takes (state, batch), where state is the TrainState "
-          "from step.init(params); got a "
-          f"{type(state).__name__} as the state (the parameters? make the "
-          "state once with state = step.init(params), then call "
-          "state, metrics = step(state, batch))")
-    expected = type(self._initial_loss_scale).__name__
-    given = type(state.loss_scale).__name__
-    if given != expected:
-      raise TypeError(
-          f"this state carries a {given}, and this step (policy "
-          f"{self.policy}) uses a {expected}: it was made by another step "
-          "(an f16 step's state in a bf16 step?). Make the state with this "
-          "step's init, or give both steps the same loss_scale=")
-    want = jnp.dtype(self.policy.param_dtype)
-    for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]:
-      dtype = jax_compat.dtype_of(leaf)
-      if (jnp.issubdtype(dtype, jnp.floating) and dtype != want and
-          dtype != jnp.dtype(jnp.float64)):
-        raise TypeError(
-            f"the state's parameter {jax.tree_util.keystr(path) or 'params'} "
-            f"is {dtype}, and this step's policy {self.policy} keeps "
-            f"parameters in {want.name}: the state was made by another "
-            "step; make it with this step's init")
-    self._check_opt_state(state)
 
   def _program_key(self, state: TrainState, batch: Any) -> Any:
     # The amax histories appear after the first step; the program is the
     # same with or without them.
     return prog.signature_key((state._replace(amax_history=None), batch))
 
-  def _traced(self, state: TrainState, batch, shardings: tuple):
+  def _program(self, state: TrainState, batch: Any) -> tuple:
+    """The rewritten program of the step for this state and batch, and
+    the flat leaves it is called with. Optimizer-state leaves stored low
+    are lowered in f32, as the optimizer makes them (amp-round-state
+    stores them)."""
     seed = jnp.ones((), jnp.float32)
-    params, opt_state, model_state = (state.params, state.opt_state,
-                                      state.model_state)
-    with_state = model_state is not None
-    inner = (self._inner_with_state if with_state else
-             self._inner_without_state)
-    # With opt_state_dtype="bf16" the optimizer's float tensors are carried
-    # in bf16; the step computes them in f32 and amp-round-state stores
-    # them low (rounded to nearest).
-    # The flags come from the state as the optimizer makes it: stored in
-    # the f8 layout a leaf no longer has its shape.
-    first = len(_leaves(params))
-    made = jax.eval_shape(self.optimizer.init, _optimizer_view(params))
-    low_state = {first + i: leaf for i, (leaf, low) in enumerate(zip(
-        _leaves(made), self._state_stored_low(made))) if low}
+    low_state = self.layout.low_leaves(state.params)
     export_args, flags, leaves = _lowering_inputs(
-        params, opt_state, model_state, batch, seed, f32_leaves=low_state)
+        state.params, state.opt_state, state.model_state, batch, seed,
+        f32_leaves=low_state)
+    inner = self._inner[state.model_state is not None]
+    out_shapes = jax.eval_shape(inner, *export_args)
+    _check_same_types(f"{function_name(self.fun)} must return a new model "
+                      "state", export_args[2], out_shapes[4])
+    _check_same_types("the optimizer's update must return an optimizer state",
+                      export_args[1], out_shapes[3])
     # The new parameters, optimizer state and model state are the outputs
     # after the loss and aux; each is the new value of the input leaf in the
     # same place, kept only when the gradients are finite.
-    out_shapes = jax.eval_shape(inner, *export_args)
-    _check_same_types(f"{function_name(self.fun)} must return a new model "
-                      "state",
-                      export_args[2], out_shapes[4])
-    _check_same_types("the optimizer's update must return an optimizer state",
-                      export_args[1], out_shapes[3])
     loss_aux = len(_leaves(out_shapes[:2]))
-    carried = len(_leaves((params, opt_state, model_state)))
-    state_leaves = [(loss_aux + i, i) for i in range(carried)]
-    program = self._build(self._program_key(state, batch), inner, export_args,
-                          flags, len(leaves) - 1, state.loss_scale,
-                          state_leaves,
+    carried = len(_leaves((state.params, state.opt_state,
+                           state.model_state)))
+    program = self._build(self._program_key(state, batch), inner,
+                          export_args, flags, len(leaves) - 1,
+                          state.loss_scale,
+                          [(loss_aux + i, i) for i in range(carried)],
                           optimizer_state_leaves=sorted(low_state))
-    histories = self._histories(program, state.amax_history)
-    # The compensation buffers, one place per parameter leaf (the first
-    # leaves of the step's inputs).
-    param_tree = jax.tree_util.tree_structure(params)
-    buffers = (param_tree.flatten_up_to(state.compensation)
-               if state.compensation is not None else [])
-    outputs, extra = program.call(leaves, _extra_inputs(
-        program, histories, state.loss_scale, state.rounding_key,
-        buffers))
-    new_histories, extra, new_key, new_buffers = _split_extra(program,
-                                                              extra)
-    new_compensation = (param_tree.unflatten(
-        [new_buffers.get(i, old) for i, old in enumerate(buffers)])
-                        if state.compensation is not None else None)
-    loss, aux, new_params, new_opt_state, new_model_state = (
-        jax.tree_util.tree_unflatten(program.out_tree, outputs))
-    new_params, new_opt_state, new_model_state, new_compensation = (
-        _keep_shardings((new_params, new_opt_state, new_model_state,
-                         new_compensation), shardings))
-    finite = state.loss_scale.grads_finite(extra)
-    loss_scale = state.loss_scale.with_state(extra)
-    # An overflowed step's amaxes (inf) stay out of the histories.
-    new_histories = (tuple(jnp.where(finite, new, old) for new, old in
-                           zip(new_histories, histories))
-                     if histories else None)
-    skipped = state.skipped_steps + jnp.where(finite, 0, 1).astype(jnp.int32)
-    self._hint_when_stuck(finite, loss, loss_scale, skipped)
+    return program, leaves
+
+  def _traced(self, state: TrainState, batch, shardings: tuple):
+    program, leaves = self._program(state, batch)
+    step = ts.StepContext(jax.tree_util.tree_structure(state.params),
+                          self._options)
+    fields = state._asdict()
+    outputs, extra = program.call(
+        leaves, ts.appended_inputs(program, fields, step))
+    loss, aux, params, opt_state, model_state = jax.tree_util.tree_unflatten(
+        program.out_tree, outputs)
+    state = state._replace(params=params, opt_state=opt_state,
+                           model_state=model_state,
+                           **ts.taken_fields(program, fields, extra, step))
+    state = state._replace(**dict(zip(
+        ts.CARRIED, ts.keep_shardings(tuple(getattr(state, f) for f in
+                                            ts.CARRIED), shardings))))
+    finite = fields["loss_scale"].grads_finite(
+        ts.appended_results(program, extra)["loss_scale"])
+    state = state._replace(skipped_steps=state.skipped_steps + jnp.where(
+        finite, 0, 1).astype(jnp.int32))
+    self._watch.watch(finite, loss, state.loss_scale, state.skipped_steps)
     metrics = {"loss": loss, "grads_finite": finite,
-               "loss_scale": jnp.asarray(loss_scale.loss_scale, jnp.float32),
-               "skipped_steps": skipped}
+               "loss_scale": jnp.asarray(state.loss_scale.loss_scale,
+                                         jnp.float32),
+               "skipped_steps": state.skipped_steps}
     if self.has_aux:
       metrics["aux"] = aux
-    return TrainState(new_params, new_opt_state, loss_scale, skipped,
-                      new_model_state, new_histories,
-                      state.rounding_key if new_key is None else new_key,
-                      new_compensation), metrics
-
-  def _hint_when_stuck(self, finite, loss, loss_scale, skipped) -> None:
-    """A skipped step that no loss scale can fix (dynamic scaling already
-    at its floor, or a fixed scale) calls back to the host, which warns
-    once: training is not progressing. Nothing runs on finite steps. Only
-    where the step runs on this machine's backend: a host callback cannot
-    be compiled for another (a deviceless GPU compile on a CPU host)."""
-    if self._options.target != pl.default_target():
-      return
-    if isinstance(loss_scale, DynamicLossScale):
-      floor = loss_scale.loss_scale <= jnp.float32(loss_scale.min_scale)
-    else:
-      floor = jnp.asarray(True)
-    jax.lax.cond(
-        jnp.logical_and(jnp.logical_not(finite), floor),
-        lambda: jax.debug.callback(self._stuck, skipped, jnp.isfinite(loss),
-                                   loss_scale.loss_scale),
-        lambda: None)
-
-  def _stuck(self, skipped, loss_finite, scale) -> None:
-    self._stuck_steps += 1
-    dynamic = isinstance(self._initial_loss_scale, DynamicLossScale)
-    if self._warned_stuck or (not dynamic and
-                              self._stuck_steps < STUCK_STEPS):
-      return
-    self._warned_stuck = True
-    where = ("the loss itself is not finite: the forward pass overflows in "
-             f"{jnp.dtype(self.policy.compute_dtype).name}, which no loss "
-             "scale can fix (keep_f32= the op that overflows, or use bf16)"
-             if not bool(loss_finite) else
-             "the gradients are not finite while the loss is: the backward "
-             "pass overflows")
-    warnings.warn(
-        f"stablehlo-amp: {int(skipped)} steps skipped so far, the last ones "
-        f"at a loss scale of {float(scale):g}"
-        + (" (its minimum)" if dynamic else "") + f": {where}. Skipped "
-        "steps leave the parameters unchanged, so training is not "
-        "progressing", stacklevel=2)
-
-  def _histories(self, program: prog.Program, given: Any) -> tuple:
-    """The amax histories the program takes: the state's, or zeros on the
-    first step (an all-zero history scales by the current amax)."""
-    count = program.extra_in_roles.count(contract.attribute("amax_history"))
-    if given is not None:
-      if len(given) != count:
-        raise TypeError(f"the state holds {len(given)} amax histories, the "
-                        f"step's program takes {count}")
-      return tuple(given)
-    length = self._options.amax_history
-    return tuple(jnp.zeros((length,), jnp.float32) for _ in range(count))
+    return state, metrics
 
 
 def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",

@@ -499,6 +499,29 @@ class Transformed:
     return jax.tree_util.tree_unflatten(out_trees[0], outputs)
 
 
+def _calibration_budget(calibrate: Any, tolerance: float | None,
+                        error_measure: str) -> tuple[Any, float | None]:
+  """`calibrate` (None when off) and its tolerance (default 1e-2); a
+  TypeError for a budget given without calibration, a ValueError for a
+  bad one."""
+  if tolerance is not None and calibrate is None:
+    raise TypeError("tolerance= is the calibration's budget: it needs "
+                    "calibrate=True or calibrate=(args...)")
+  from stablehlo_amp._src.calibration import (ERROR_MEASURES,
+                                              check_measure)
+  if error_measure != ERROR_MEASURES[0] and calibrate is None:
+    raise TypeError("error_measure= measures the calibration's budget: it "
+                    "needs calibrate=True or calibrate=(args...)")
+  check_measure(error_measure)
+  if calibrate is False:
+    calibrate = None
+  if calibrate is not None:
+    tolerance = 1e-2 if tolerance is None else float(tolerance)
+    if not tolerance > 0:
+      raise ValueError(f"tolerance must be positive, got {tolerance}")
+  return calibrate, tolerance
+
+
 def transform(fun: Callable,
               policy: Policy | str = contract.default_policy(), *,
               static_argnums: int | Sequence[int] | None = None,
@@ -564,20 +587,8 @@ OPTIONS
   params_tuple = None if params is None else prog.as_tuple(params, "params")
   if params_tuple is not None:
     prog.check_params(fun, params_tuple)
-  if tolerance is not None and calibrate is None:
-    raise TypeError("tolerance= is the calibration's budget: it needs "
-                    "calibrate=True or calibrate=(args...)")
-  if error_measure != "norm" and calibrate is None:
-    raise TypeError("error_measure= measures the calibration's budget: it "
-                    "needs calibrate=True or calibrate=(args...)")
-  from stablehlo_amp._src.calibration import check_measure
-  check_measure(error_measure)
-  if calibrate is False:
-    calibrate = None
-  if calibrate is not None:
-    tolerance = 1e-2 if tolerance is None else float(tolerance)
-    if not tolerance > 0:
-      raise ValueError(f"tolerance must be positive, got {tolerance}")
+  calibrate, tolerance = _calibration_budget(calibrate, tolerance,
+                                            error_measure)
 
   def merged(name: str, given: Any) -> tuple:
     return tuple(dict.fromkeys(prog.as_tuple(given) + inherited.get(name, ())))
