@@ -41,30 +41,33 @@ def _leaves(tree: Any) -> list:
   return jax.tree_util.tree_leaves(tree)
 
 
-def _param_flags(tree: Any) -> list[bool]:
-  """Float parameter leaves in f32, bf16 or f16 take the `p=` dtype; f64
-  parameters (x64) keep theirs."""
-  return [is_float(x) and jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
-          for x in _leaves(tree)]
+def _signature(step: Callable) -> prog.CallSignature:
+  """The call signature of a function a program is lowered from, whose
+  first argument holds the parameters (as `amp.transform`'s ``params=``
+  selects them): no static arguments."""
+  return prog.CallSignature(step, prog.Arguments(step, (), ()),
+                            params=prog.Arguments(step, (0,), ()))
 
 
-def _lowering_inputs(params: Any, *others: Any,
+def _lowering_inputs(signature: prog.CallSignature, args: tuple,
                      f32_leaves: Mapping[int, Any] = {}
                      ) -> tuple[tuple, list, list]:
-  """What a step's program is lowered and called with: the export specs of
-  ``(params, *others)`` (float parameters as f32: the pass gives them the
-  `p=` dtype; the flat leaves `f32_leaves`, optimizer state the pass stores
-  low, as f32 of the shape given there), the parameter flag of each leaf,
-  and the leaves."""
-  trees = (params, *others)
-  leaves, treedef = jax.tree_util.tree_flatten(trees)
-  flags = _param_flags(params) + [False] * (len(leaves) - len(_leaves(params)))
+  """What a program is lowered and called with, for the call `args` of
+  `signature`: the export specs of `args` (float parameter leaves as f32:
+  the pass gives them the `p=` dtype, f64 parameters (x64) keep theirs;
+  the flat leaves `f32_leaves`, optimizer state the pass stores low, as
+  f32 of the shape given there), the parameter flag of each flat leaf, and
+  the flat leaves."""
+  leaves, (treedef, _) = signature.flatten(args, {})
+  flags = [selected and is_float(x) and
+           jnp.dtype(x.dtype) != jnp.dtype(jnp.float64)
+           for selected, x in zip(signature.param_mask(args, {}), leaves)]
   avals = [jax.ShapeDtypeStruct(jnp.shape(f32_leaves.get(i, x)),
                                 jax_compat.dtype_of(f32_leaves.get(i, x)))
            for i, x in enumerate(leaves)]
   as_f32 = [flag or i in f32_leaves for i, flag in enumerate(flags)]
-  specs = jax.tree_util.tree_unflatten(treedef,
-                                       prog.export_specs(avals, as_f32))
+  specs, _ = jax.tree_util.tree_unflatten(treedef,
+                                          prog.export_specs(avals, as_f32))
   return tuple(specs), flags, leaves
 
 
@@ -274,6 +277,7 @@ class ValueAndGrad(_LossScaledProgram):
       return _grad_of_floats(loss_of, diff, seed, has_aux=has_aux,
                              user_fun=fun)
 
+    self._signature = _signature(module_fn)
     self._inner = jax.jit(_traced_as(fun, module_fn))
     self._outer = OuterJit(self._traced, self._options)
 
@@ -322,7 +326,8 @@ class ValueAndGrad(_LossScaledProgram):
             ": gradients are taken with respect to float arguments only, as "
             "in jax.grad; choose argnums among the float arguments")
     seed = jnp.ones((), jnp.float32)
-    export_args, flags, leaves = _lowering_inputs(diff, rest, kwargs, seed)
+    export_args, flags, leaves = _lowering_inputs(
+        self._signature, (diff, rest, kwargs, seed))
     program = self._build(prog.signature_key((diff, rest, kwargs, loss_scale)),
                           self._inner, export_args, flags, len(leaves) - 1,
                           loss_scale)
@@ -542,9 +547,12 @@ class TrainStep(_LossScaledProgram):
     self.layout = ts.StateLayout(optimizer, self.policy, self._options,
                                  loss_scale, keep_f32_state)
     self._watch = _StuckWatch(self.policy, loss_scale, self._options)
-    self._inner = {with_state: jax.jit(_traced_as(loss_fn, _step_function(
-        loss_fn, optimizer, has_aux, with_state))) for with_state in
-                   (False, True)}
+    steps = {with_state: _step_function(loss_fn, optimizer, has_aux,
+                                        with_state)
+             for with_state in (False, True)}
+    self._signature = _signature(steps[False])
+    self._inner = {with_state: jax.jit(_traced_as(loss_fn, step))
+                   for with_state, step in steps.items()}
     # The third argument, static: the shardings of the state's leaves,
     # which the new state keeps (see train_state.state_shardings).
     self._outer = OuterJit(self._traced, self._options,
@@ -589,8 +597,8 @@ class TrainStep(_LossScaledProgram):
     seed = jnp.ones((), jnp.float32)
     low_state = self.layout.low_leaves(state.params)
     export_args, flags, leaves = _lowering_inputs(
-        state.params, state.opt_state, state.model_state, batch, seed,
-        f32_leaves=low_state)
+        self._signature, (state.params, state.opt_state, state.model_state,
+                          batch, seed), f32_leaves=low_state)
     inner = self._inner[state.model_state is not None]
     out_shapes = jax.eval_shape(inner, *export_args)
     _check_same_types(f"{function_name(self.fun)} must return a new model "
