@@ -231,6 +231,21 @@ def _attributes() -> list[str]:
                in contract.document()["attributes"].items()])
 
 
+def _state_roles() -> list[str]:
+  return ["## Training-state roles", "",
+          "What the passes append to a training step's `main`, as an "
+          "argument (the value before the step) and a result (after it): "
+          "the `TrainState` field that gives and takes it, whether there "
+          "is one per parameter, and whether a skipped step keeps the old "
+          "value (`contract.state_roles()`).", ""] + _table(
+              ["attribute", "field", "pass", "per parameter",
+               "kept on a skipped step"],
+              [[_code(attribute), _code(spec["field"]), _code(spec["pass"]),
+                "yes" if spec["per_parameter"] else "no",
+                "yes" if spec["kept_on_skip"] else "no"]
+               for attribute, spec in contract.state_roles().items()])
+
+
 def markdown() -> str:
   """docs/reference.md, whole."""
   sections = [
@@ -244,7 +259,7 @@ def markdown() -> str:
        "[policy.md](policy.md) and the others linked from the "
        "[README](../README.md)."],
       _options(), _amp_opt(), _passes(), _policy(), _report(),
-      _attributes()]
+      _attributes(), _state_roles()]
   return "\n\n".join("\n".join(section) for section in sections) + "\n"
 
 
