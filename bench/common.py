@@ -753,11 +753,16 @@ def state_shardings(state: Any, params: Any, shardings: Any, mesh) -> Any:
 def collectives(hlo_text: str) -> dict[str, Any]:
   """Bytes each device moves, per (kind, dtype) and in all, from the
   optimized program (`hlo.py`: an all-gather by its result, the others by
-  their operands). The gradient reduction is the reduce-scatters."""
-  table = hlo_reader().Module.parse(hlo_text).collective_bytes()
+  their operands). The gradient reduction is the reductions (reduce-scatter,
+  all-reduce) of values the backward pass computes (`in_backward_pass`):
+  a forward GEMM whose contraction the partitioner splits is reduced too,
+  and is no gradient."""
+  module = hlo_reader().Module.parse(hlo_text)
+  table = module.collective_bytes()
   total = sum(table.values())
-  reduction = sum(n for (kind, _), n in table.items()
-                  if kind == "reduce-scatter")
+  reduction = sum(c.nbytes for c in module.collectives()
+                  if c.kind in ("reduce-scatter", "all-reduce") and
+                  c.in_backward_pass)
   return {"by_kind": {f"{kind} {dtype}": n for (kind, dtype), n in
                       sorted(table.items(), key=lambda kv: -kv[1])},
           "total": total, "gradient_reduction": reduction,

@@ -421,7 +421,7 @@ def main(argv=None) -> int:
     if devices > 1:
       print("\nCollectives per device (MiB; all-gather by its result, the "
             "others by their operands; the gradient reduction is the "
-            "reduce-scatters):\n")
+            "reductions of values the backward pass computes):\n")
       print("| variant | total | other than the gradient reduction | "
             "by kind and dtype |")
       print("|---|---|---|---|")

@@ -149,6 +149,50 @@ def test_an_async_start_is_read_by_its_result():
       "all-gather", None, "all-reduce"]
 
 
+# As XLA:GPU prints a partitioned step: async collectives carry no op_name,
+# the GEMMs whose values they move do (through a bitcast). A forward GEMM's
+# split contraction is reduced too; only the backward pass's reductions are
+# gradients.
+NAMED_COLLECTIVES = r"""
+HloModule step, entry_computation_layout={(f32[32,64]{1,0}, bf16[64,128]{1,0})->(f32[4,128]{1,0}, f32[8,128]{1,0})}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[32,64], w: bf16[64,128]) -> (f32[4,128], f32[8,128]) {
+  %x = f32[32,64]{1,0} parameter(0)
+  %w = bf16[64,128]{1,0} parameter(1)
+  %forward = f32[32,128]{1,0} fusion(%x, %w), kind=kCustom, calls=%add, metadata={op_name="jit(step)/jvp()/dot_general"}
+  %bitcast.1 = f32[32,128]{1,0} bitcast(%forward)
+  %rs-start = ((f32[32,128]{1,0}), f32[4,128]{1,0}) reduce-scatter-start(%bitcast.1), dimensions={0}, to_apply=%add
+  %rs-done = f32[4,128]{1,0} reduce-scatter-done(%rs-start)
+  %backward = f32[64,128]{1,0} fusion(%x, %w), kind=kCustom, calls=%add, metadata={op_name="jit(step)/transpose(jvp())/dot_general"}
+  %copy.1 = f32[64,128]{1,0} copy(%backward)
+  %rs2-start = ((f32[64,128]{1,0}), f32[8,128]{1,0}) reduce-scatter-start(%copy.1), dimensions={0}, to_apply=%add
+  %rs2-done = f32[8,128]{1,0} reduce-scatter-done(%rs2-start)
+  %lonely = f32[64,128]{1,0} parameter(2)
+  %ar = f32[64,128]{1,0} all-reduce(%lonely), to_apply=%add
+  ROOT %t = (f32[4,128]{1,0}, f32[8,128]{1,0}) tuple(%rs-done, %rs2-done)
+}
+"""
+
+
+def test_a_collective_is_named_by_the_op_whose_value_it_moves():
+  found = {c.instruction.name: c for c in
+           hlo.Module.parse(NAMED_COLLECTIVES).collectives()}
+  assert set(found) == {"rs-start", "rs2-start", "ar"}
+  assert found["rs-start"].op_name == "jit(step)/jvp()/dot_general"
+  assert not found["rs-start"].in_backward_pass
+  assert found["rs2-start"].op_name == (
+      "jit(step)/transpose(jvp())/dot_general")
+  assert found["rs2-start"].in_backward_pass
+  # No op of its own nor through a relabelling: unnamed, not backward.
+  assert found["ar"].op_name == "" and not found["ar"].in_backward_pass
+
+
 def test_a_line_that_is_no_instruction_is_an_error():
   with pytest.raises(ValueError, match="HLO line 3"):
     hlo.Module.parse("ENTRY %main () -> f32[] {\n"

@@ -45,6 +45,13 @@ def is_fp8(dtype: str | None) -> bool:
 # an all-gather its result (what it assembles), the others their operands.
 COLLECTIVE_KINDS = ("all-gather", "all-reduce", "reduce-scatter",
                     "all-to-all", "collective-permute")
+# Ops that move or relabel a value without computing: a collective's JAX
+# op is found through them (`Computation.named_source`), the collectives
+# themselves included.
+_RELABELLING = ("bitcast", "copy", "reshape", "transpose", "get-tuple-element",
+                "copy-start", "copy-done", "async-start",
+                *COLLECTIVE_KINDS, *(f"{kind}-start" for kind in
+                                     COLLECTIVE_KINDS))
 # Instructions of ENTRY that launch no work of their own.
 _NOT_KERNELS = ("parameter", "constant", "bitcast", "get-tuple-element",
                 "tuple", "opt-barrier")
@@ -345,6 +352,23 @@ class Computation:
         (self.by_name[name].shape if name in self.by_name else None)
         for name, shape in zip(ins.operands, ins.operand_shapes))
 
+  def named_source(self, ins: Instruction) -> Instruction:
+    """The instruction whose JAX op `ins` stands for: itself if it has an
+    op_name, else, through the ops that only move or relabel a value
+    (bitcasts, copies, reshapes, transposes, tuple elements, the other half
+    of an async pair), the first one that has (XLA names no async
+    collective and few of the bitcasts it adds). `ins` if none has."""
+    current, seen = ins, set()
+    while not current.op_name and current.name not in seen:
+      seen.add(current.name)
+      if current.opcode not in _RELABELLING or not current.operands:
+        break
+      operand = self.get(current.operands[0])
+      if operand is None:
+        break
+      current = operand
+    return current if current.op_name else ins
+
   @functools.cached_property
   def users(self) -> Mapping[str, tuple[Instruction, ...]]:
     """Instruction name -> the instructions here that take it as an
@@ -368,6 +392,20 @@ class Collective:
   @property
   def asynchronous(self) -> bool:
     return self.instruction.opcode.endswith("-start")
+
+  @property
+  def op_name(self) -> str:
+    """The JAX op whose value it moves: its own op_name, or its operand's
+    (`Computation.named_source`); empty if neither has one."""
+    return (self.instruction.op_name or self.computation.named_source(
+        self.instruction).op_name)
+
+  @property
+  def in_backward_pass(self) -> bool:
+    """Whether it moves a value the backward pass computes (JAX names those
+    ops `transpose(...)`): a reduction of weight gradients, or under tensor
+    parallelism of activation gradients."""
+    return "transpose(" in self.op_name
 
   @property
   def dtypes(self) -> tuple[str, ...]:

@@ -228,7 +228,7 @@ class Report:
             (d.precision, d.reason)] += 1
     groups: dict[tuple[str, str, str], list[int]] = {}
     for collective in module.collectives():
-      op = _op_path(collective.instruction.op_name or "")
+      op = _op_path(collective.op_name)
       for array in collective.moved:
         entry = groups.setdefault((collective.kind, array.dtype, op), [0, 0])
         entry[1] += array.nbytes
