@@ -254,9 +254,10 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
 
     - `amax = max|x|` in the graph (current scaling), or the max of an amax
       history carried as state (delayed scaling: one `f32[N]` argument and
-      result per operand, marked `amp.amax_history`; the history is rolled
-      and the current amax inserted; an all-zero history falls back to the
-      current amax);
+      result per operand, marked `amp.amax_history`, the result also
+      `amp.state_of` its argument so a skipped step keeps the history; the
+      history is rolled and the current amax inserted; an all-zero history
+      falls back to the current amax);
     - `scale = max(amax / fmax, FLT_MIN)` with `fmax` = 448 (e4m3fn) or
       57344 (e5m2);
     - quantize: `q = convert(clamp(-fmax, x / scale, fmax))` to FP8 (the
