@@ -29,7 +29,8 @@ LogicalResult mlir::amp::verifyStateResult(func::FuncOp main, unsigned result,
 }
 
 BlockArgument mlir::amp::appendStateArgument(func::FuncOp main, Type type,
-                                     StringRef role, Attribute value) {
+                                             StringRef role,
+                                             Attribute value) {
   MLIRContext *context = main.getContext();
   unsigned index = main.getNumArguments();
   NamedAttribute marker(StringAttr::get(context, role), value);

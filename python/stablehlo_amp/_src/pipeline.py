@@ -14,7 +14,7 @@ from jax.extend.mlir import ir
 from stablehlo_amp import _amp
 from stablehlo_amp._src import contract
 from stablehlo_amp._src import jax_compat
-from stablehlo_amp._src.policy import Policy, as_policy
+from stablehlo_amp._src.policy import Policy, as_policy, dtype_name
 from stablehlo_amp._src.report import Report
 
 EMIT_FORMATS = ("pretty", "generic", "bytecode", "portable")
@@ -168,7 +168,7 @@ class RewriteOptions:
     a dtype that is not f32 nor the compute dtype (the pass's own check,
     made before anything is traced)."""
     reduce = self.reduce_dtype
-    compute = str(policy).split("c=")[1].split(",")[0]
+    compute = dtype_name(as_policy(policy).compute_dtype)
     named = contract.values("reduce_dtype")
     if reduce not in (named.f32, named.compute, compute):
       raise ValueError(
