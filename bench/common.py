@@ -370,6 +370,12 @@ def kernels(hlo_text: str) -> int:
   return hlo_reader().Module.parse(hlo_text).kernels()
 
 
+def kernel_kinds(hlo_text: str) -> dict[str, int]:
+  """Those kernels by kind: gemm, fp8_quantize, other
+  (`Module.kernel_kinds`)."""
+  return hlo_reader().Module.parse(hlo_text).kernel_kinds()
+
+
 # --------------------------------------------------------------------------
 # Variants and the interleaved step loop.
 

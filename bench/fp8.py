@@ -1,5 +1,14 @@
-"""FP8 GEMMs on CPU: held-out loss of bf16, FP8 with current scaling and FP8
-with delayed scaling, against f32, over 3 seeds.
+"""FP8 GEMMs on CPU: the error of each scaling on a GEMM with outliers, and
+held-out loss of bf16 and FP8 (per-tensor current and delayed, rowwise,
+MXFP8 scaling) against f32, over 3 seeds.
+
+The outlier GEMM: x (256 x 1024, N(0, 1)) with 2 rows 3000x the rest and 8
+channels 30x, times w (1024 x 256, N(0, 1/1024)), through `amp.transform`
+(the output) and `amp.value_and_grad` of sum((x @ w) * g) (the weight
+gradient x^T g, whose GEMM contracts over the rows), for bf16, per-tensor,
+rowwise and MXFP8 FP8 (`fp8_scaling`). It prints the median, over the
+ordinary rows, of each row's relative output error against float64, and the
+weight gradient's relative error (Frobenius), per seed.
 
 The demo's LM (examples/lm.py: d_model 128, 2 layers, 4 heads, seq 128,
 batch 16, Adam 3e-3; the peers' byte-pair data) and the peers' MLP
@@ -11,6 +20,7 @@ does the training). XLA:CPU emulates the FP8 converts: the step times say
 nothing about a GPU; the held-out losses are what this measures.
 
     python -m bench.fp8 [--steps 300] [--seeds 0,1,2] [--models lm,mlp]
+                        [--variants f32,ours-bf16,...]
     python -m bench.fp8 --smoke     # tiny MLP, 2 steps: checks the script
 
 Prints, per model, the peers table and the held-out loss of each FP8
@@ -28,13 +38,62 @@ from bench import common
 from bench import peers
 
 VARIANTS = ("f32", "ours-bf16", "ours-bf16-gemm-f8",
-            "ours-bf16-gemm-f8-scaling-delayed")
+            "ours-bf16-gemm-f8-scaling-delayed",
+            "ours-bf16-gemm-f8-scaling-rowwise",
+            "ours-bf16-gemm-f8-scaling-mxfp8")
+SCALINGS = ("current", "rowwise", "mxfp8")
 MODELS = {
     "lm": lambda seed: common.make_lm(
         common.LMConfig(d_model=128, layers=2, heads=4, seq=128, batch=16),
         seed=seed),
     "mlp": lambda seed: common.make_mlp(common.MLPConfig(), seed=seed),
 }
+
+
+def outlier_data(seed: int, m: int = 256, k: int = 1024, n: int = 256):
+  """x with 2 outlier rows (3000x) and 8 outlier channels (30x), w
+  N(0, 1/k), a cotangent g, and which rows are ordinary."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  x = rng.standard_normal((m, k)).astype(np.float32)
+  rows = rng.choice(m, 2, replace=False)
+  x[rows] *= 3000
+  x[:, rng.choice(k, 8, replace=False)] *= 30
+  w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+  g = rng.standard_normal((m, n)).astype(np.float32)
+  ordinary = np.ones(m, bool)
+  ordinary[rows] = False
+  return x, w, g, ordinary
+
+
+def outlier_gemm(seeds, size=(256, 1024, 256)) -> dict:
+  """Per policy (bf16, then each FP8 scaling): the median over ordinary
+  rows of the output's relative row error, and the weight gradient's
+  relative error, each against float64, per seed."""
+  import numpy as np
+  import stablehlo_amp as amp
+  bf16, f8 = "p=f32,c=bf16,o=f32", "p=f32,c=bf16,o=f32,gemm=f8"
+  policies = {"bf16": (bf16, {})}
+  policies.update({f"fp8 {s}": (f8, {"fp8_scaling": s}) for s in SCALINGS})
+  out = {}
+  for label, (policy, options) in policies.items():
+    rows = []
+    for seed in seeds:
+      x, w, g, ordinary = outlier_data(seed, *size)
+      y = np.asarray(amp.transform(lambda a, b: a @ b, policy,
+                                   **options)(x, w))
+      (_, dw), *_ = amp.value_and_grad(
+          lambda b, a, c: (a @ b * c).sum(), policy, **options)(w, x, g)
+      want = x.astype(np.float64) @ w.astype(np.float64)
+      want_dw = x.astype(np.float64).T @ g.astype(np.float64)
+      row_error = (np.linalg.norm(y - want, axis=1) /
+                   np.linalg.norm(want, axis=1))
+      rows.append({
+          "output": float(np.median(row_error[ordinary])),
+          "weight_gradient": float(np.linalg.norm(np.asarray(dw) - want_dw) /
+                                   np.linalg.norm(want_dw))})
+    out[label] = rows
+  return out
 
 
 def against_bf16(result: dict) -> dict:
@@ -66,8 +125,10 @@ def main(argv=None) -> int:
   parser.add_argument("--smoke", action="store_true",
                       help="the tiny MLP, 2 steps, 1 seed: checks the "
                       "script works (not a measurement)")
+  parser.add_argument("--variants", help=f"default {','.join(VARIANTS)}")
   parser.add_argument("--json", help="default bench/results/fp8[-smoke].json")
   args = parser.parse_args(argv)
+  variants = tuple(args.variants.split(",")) if args.variants else VARIANTS
   args.steps = args.steps or (2 if args.smoke else 300)
   seeds = [int(s) for s in (args.seeds or ("0" if args.smoke else "0,1,2"))
            .split(",")]
@@ -83,10 +144,24 @@ def main(argv=None) -> int:
         f"x seeds {seeds}")
   results = {"benchmark": "fp8", "environment": env, "steps": args.steps,
              "seeds": seeds, "models": {}}
+  size = (64, 256, 64) if args.smoke else (256, 1024, 256)
+  print(f"\n## GEMM {size[0]}x{size[1]}x{size[2]} with outlier rows (3000x) "
+        "and channels (30x): relative error against float64, mean over "
+        f"seeds {seeds} [min, max]")
+  print("| policy | output (median over ordinary rows) | weight gradient |")
+  print("|---|---|---|")
+  results["outlier_gemm"] = outlier_gemm(seeds, size)
+  for label, rows in results["outlier_gemm"].items():
+    cells = []
+    for key in ("output", "weight_gradient"):
+      values = [r[key] for r in rows]
+      cells.append(f"{statistics.fmean(values):.4f} [{min(values):.4f}, "
+                   f"{max(values):.4f}]")
+    print(f"| {label} | {cells[0]} | {cells[1]} |")
   for name in args.models.split(","):
     make = models[name]
     print(f"\n## {make(seeds[0]).description}")
-    result = peers.bench_model(make, VARIANTS, args.steps, warmup, seeds)
+    result = peers.bench_model(make, variants, args.steps, warmup, seeds)
     result["fp8_vs_bf16"] = against_bf16(result)
     results["models"][name] = result
     print()

@@ -26,6 +26,10 @@ The variants:
   ours-bf16           amp.train_step(..., "p=f32,c=bf16,o=f32")
   ours-f16            amp.train_step(..., "p=f32,c=f16,o=f32"), dynamic scale
   ours-bf16-gemm-f8   amp.train_step(..., "p=f32,c=bf16,o=f32,gemm=f8")
+  ours-bf16-gemm-f8-rowwise  the same with fp8_scaling="rowwise"
+  ours-bf16-gemm-f8-mxfp8    the same with fp8_scaling="mxfp8" (--gpu b200:
+                      block-scaled GEMMs; on the H100, emulated)
+  ours-bf16-gemm-f8-all      gemm=f8 with fp8_min_size=0 (no shape filter)
   ours-bf16-storage-f32   ours-bf16 with storage="f32"
   ours-bf16-no-remat  ours-bf16 with rematerialize=False
   ours-bf16-moments-bf16  ours-bf16 with opt_state_dtype="bf16"
@@ -109,8 +113,26 @@ platform_name: "CUDA"
 dnn_version_info { major: 9 minor: 7 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
+# A B200 (compute capability 10.0, 148 SMs, 8 TB/s HBM3e, cuDNN 9.10): the
+# H100's description with what differs, for MXFP8's block-scaled GEMMs.
+B200_TARGET_CONFIG = (
+    H100_TARGET_CONFIG
+    .replace("cuda_compute_capability { major: 9 }",
+             "cuda_compute_capability { major: 10 }")
+    .replace("core_count: 132", "core_count: 148")
+    .replace("memory_bandwidth: 3352320000000",
+             "memory_bandwidth: 8000000000000")
+    .replace("device_memory_size: 84929347584",
+             "device_memory_size: 193273528320")
+    .replace("dnn_version_info { major: 9 minor: 7 }",
+             "dnn_version_info { major: 9 minor: 10 }")
+    .replace("NVIDIA H100 80GB HBM3", "NVIDIA B200"))
+GPUS = {"h100": ("H100", H100_TARGET_CONFIG),
+        "b200": ("B200", B200_TARGET_CONFIG)}
 
 VARIANTS = ("f32", "ours-bf16", "ours-f16", "ours-bf16-gemm-f8",
+            "ours-bf16-gemm-f8-rowwise", "ours-bf16-gemm-f8-mxfp8",
+            "ours-bf16-gemm-f8-all",
             "ours-bf16-storage-f32", "ours-bf16-no-remat",
             "ours-bf16-moments-bf16", "ours-bf16-params-bf16-stochastic",
             "ours-bf16-params-bf16-stochastic-moments-bf16",
@@ -126,6 +148,14 @@ OURS = {
     "ours-bf16": ("p=f32,c=bf16,o=f32", {}),
     "ours-f16": ("p=f32,c=f16,o=f32", {}),
     "ours-bf16-gemm-f8": ("p=f32,c=bf16,o=f32,gemm=f8", {}),
+    # Finer FP8 scaling: per row, and MXFP8 (blocks of 32, E8M0 scales).
+    "ours-bf16-gemm-f8-rowwise": ("p=f32,c=bf16,o=f32,gemm=f8",
+                                  {"fp8_scaling": "rowwise"}),
+    "ours-bf16-gemm-f8-mxfp8": ("p=f32,c=bf16,o=f32,gemm=f8",
+                                {"fp8_scaling": "mxfp8"}),
+    # Every eligible GEMM in FP8: the shape filter off.
+    "ours-bf16-gemm-f8-all": ("p=f32,c=bf16,o=f32,gemm=f8",
+                              {"fp8_min_size": 0}),
     "ours-bf16-storage-f32": ("p=f32,c=bf16,o=f32", {"storage": "f32"}),
     "ours-bf16-no-remat": ("p=f32,c=bf16,o=f32", {"rematerialize": False}),
     # Low-precision training state: bf16 Adam moments, bf16 parameters
@@ -171,6 +201,22 @@ TARGETS = {"ours-bf16": 0.60, "ours-bf16-gemm-f8": 0.55,
            "ours-bf16-params-bf16-stochastic-moments-bf16": 0.50}
 
 
+def ptx_mma(directory: pathlib.Path) -> dict[str, int]:
+  """Tensor-core MMA instructions in the PTX XLA dumped, by kind: Hopper's
+  wgmma by its operand types, Blackwell's tcgen05.mma by its kind
+  (`kind::mxf8f6f4.block_scale` is a block-scaled MXFP8 MMA), and the
+  FP8-to-f16 conversions a kernel that upcasts FP8 codes runs."""
+  import re
+  pattern = re.compile(r"\b(wgmma\.mma_async\S*|tcgen05\.mma\S*|mma\.sync\S*|"
+                       r"cvt\.rn\.f16x2\.e[45]m[23]x2)")
+  counts: dict[str, int] = {}
+  for path in sorted(directory.glob("*.ptx")):
+    for match in pattern.finditer(path.read_text(errors="replace")):
+      kind = re.sub(r"\.m\d+n\d+k\d+", "", match.group(1))
+      counts[kind] = counts.get(kind, 0) + 1
+  return counts
+
+
 def _parse(argv):
   parser = argparse.ArgumentParser(
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -196,6 +242,14 @@ def _parse(argv):
                       help="mesh axes, e.g. 'fsdp' (every device on one "
                       "axis: FSDP) or 'fsdp=4,tp=2' (FSDP x tensor "
                       "parallel); default fsdp when --devices > 1")
+  parser.add_argument("--gpu", default="h100", choices=sorted(GPUS),
+                      help="the deviceless GPU (default h100; b200: "
+                      "compute capability 10.0, MXFP8's block-scaled GEMMs)")
+  parser.add_argument("--ptx", default=None, metavar="DIR",
+                      help="dump XLA's PTX into DIR and count its tensor-core "
+                      "MMA instructions by kind (one variant per run: block-"
+                      "scaled MXFP8 on the B200, or upcast to bf16 on the "
+                      "H100)")
   parser.add_argument("--topology", default=None,
                       help="the deviceless GPU topology, partitions x hosts "
                       "x devices per host (default 1x1xDEVICES; 1x2x4 is two "
@@ -223,6 +277,8 @@ def _parse(argv):
       parser.error(str(error))
   else:
     args.axes = {}
+  if args.gpu != "h100" and args.target != "gpu":
+    parser.error("--gpu is the deviceless GPU (--target gpu)")
   if args.topology and args.target != "gpu":
     parser.error("--topology is the deviceless GPU topology (--target gpu)")
   return args
@@ -232,6 +288,9 @@ def main(argv=None) -> int:
   # The CUDA plugin must not look for a device: before JAX is imported.
   os.environ["JAX_PLATFORMS"] = "cpu"
   args = _parse(argv)
+  if args.ptx:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_dump_to={args.ptx}").strip()
   size = args.size or ("gpu" if args.target == "gpu" else "small")
   import jax
   import jax.numpy as jnp
@@ -255,7 +314,7 @@ def main(argv=None) -> int:
       return 2
     try:
       topology = topologies.get_topology_desc(
-          platform="cuda", target_config=H100_TARGET_CONFIG,
+          platform="cuda", target_config=GPUS[args.gpu][1],
           topology=topology_text)
     except Exception as error:  # noqa: BLE001 - any failure: say how to fix
       print(f"no CUDA compiler here ({type(error).__name__}: {error}); "
@@ -351,7 +410,8 @@ def main(argv=None) -> int:
               jax.ShapeDtypeStruct((batch_size,), jnp.int32)))
     tx = optax.adam(1e-3)
     rows = []
-    where = (f"deviceless {devices}x H100" + (f", topology {topology_text}"
+    where = (f"deviceless {devices}x {GPUS[args.gpu][0]}" +
+             (f", topology {topology_text}"
                                                if devices > 1 else "")
              if args.target == "gpu" else
              f"{devices} CPU device{'s' if devices > 1 else ''}")
@@ -375,7 +435,8 @@ def main(argv=None) -> int:
       text = compiled.as_text()
       row = {"variant": variant, "compile_s": seconds,
              "memory": common.memory(compiled),
-             "kernels": common.kernels(text)}
+             "kernels": common.kernels(text),
+             "kernel_kinds": common.kernel_kinds(text)}
       if devices > 1:
         row["collectives"] = common.collectives(text)
       if report is not None and report.xla is not None:
@@ -410,6 +471,9 @@ def main(argv=None) -> int:
       print(f"| {row['variant']} | {m['total'] / 2**20:.1f} | "
             f"{ratio('total')} | {m['temp'] / 2**20:.1f} | {ratio('temp')} | "
             f"{kept} | {fp8} | {row['kernels']} | {row['compile_s']:.1f} |")
+      kinds = row["kernel_kinds"]
+      print(f"  kernels: {kinds['gemm']} GEMM, {kinds['fp8_quantize']} FP8 "
+            f"quantization, {kinds['other']} other")
       if "known_loss" in row:
         print(f"  known: {len(row['lost'])} not kept: {row['known_loss']}")
       else:
@@ -447,6 +511,11 @@ def main(argv=None) -> int:
   path = pathlib.Path(args.json) if args.json else (
       common.RESULTS / ("gpu-compile-smoke.json" if args.smoke else
                         f"gpu-compile-{args.target}-{size}.json"))
+  if args.ptx:
+    results["ptx_mma"] = ptx_mma(pathlib.Path(args.ptx))
+    print(f"\ntensor-core MMA instructions in the PTX ({args.ptx}):")
+    for kind, count in sorted(results["ptx_mma"].items()):
+      print(f"  {count:6d}  {kind}")
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(results, indent=1))
   print(f"\nwrote {path}")

@@ -33,7 +33,8 @@ Variants (all with f32 master parameters except all-bf16):
                (on request)
   ours-bf16-level-O1  (on request; any ours-{bf16,f16} name may add
                -storage-{f32,compute}, -level-{O1,O2,O3},
-               -gemm-{f8,f8e4m3fn,f8e5m2} and -scaling-{current,delayed})
+               -gemm-{f8,f8e4m3fn,f8e5m2} and
+               -scaling-{current,delayed,rowwise,mxfp8})
   ours-f16     amp.train_step(..., "p=f32,c=f16,o=f32", DynamicLossScale())
                (ours-f16-storage-f32 on request)
   VARIANT+ynn-dots  any variant compiled with XLA:CPU's YNNPACK fusions
@@ -342,7 +343,8 @@ def build_mpx(model: common.Model, batch, half,
 
 _OURS_KEYS = {"storage": ("f32", "compute"), "level": ("O1", "O2", "O3"),
               "gemm": ("f8", "f8e4m3fn", "f8e5m2"),
-              "scaling": ("current", "delayed"), "params": ("bf16",),
+              "scaling": ("current", "delayed", "rowwise", "mxfp8"),
+              "params": ("bf16",),
               "rounding": ("nearest", "stochastic", "kahan"),
               "moments": ("bf16", "f8")}
 

@@ -290,6 +290,12 @@ constexpr Fp8IneligibilityInfo kFp8Ineligibilities[] = {
      "a size is not a multiple of 16 (cuBLASLt's FP8 requirement)"},
     {Fp8Ineligibility::BothE5M2, "both_e5m2",
      "both operands e5m2 (no e5m2 x e5m2 FP8 GEMM)"},
+    {Fp8Ineligibility::ContractionNotMultipleOfBlock,
+     "contraction_not_multiple_of_32",
+     "mxfp8 needs a contraction that is a multiple of its 32-element blocks"},
+    {Fp8Ineligibility::TooSmall, "too_small",
+     "too small: quantizing its operands would cost more than FP8 saves "
+     "(fp8_min_size)"},
 };
 
 const Fp8IneligibilityInfo &infoOf(Fp8Ineligibility why) {
@@ -312,8 +318,17 @@ namespace {
 constexpr llvm::StringRef kUpdateRoundingNames[] = {"nearest", "stochastic",
                                               "kahan"};
 constexpr llvm::StringRef kOptimizerStateDtypeNames[] = {"f32", "bf16", "f8"};
-// amp-fp8-gemms' scalings, for its entry option and the contract.
-constexpr llvm::StringRef kFp8ScalingNames[] = {"current", "delayed"};
+// amp-fp8-gemms' scalings, in Fp8Scaling's order.
+constexpr llvm::StringRef kFp8ScalingNames[] = {"current", "delayed",
+                                                "rowwise", "mxfp8"};
+// How amp-fp8-gemms writes an MXFP8 GEMM: the `xla.scaled_dot` composite
+// (E8M0 scales; XLA:GPU makes it a block-scaled GEMM, JAX >= 0.9.1), or
+// dequantized operands feeding a plain dot (correct everywhere).
+constexpr llvm::StringRef kMxFormNames[] = {"composite", "dequantize"};
+constexpr Fp8Roofline kFp8Rooflines[] = {
+    {"H100 SXM", 989.4e12, 3.352e12},
+    {"B200", 2250e12, 8.0e12},
+};
 
 /// The position of `text` among `names`, or an error naming them all.
 llvm::Expected<size_t> closedChoice(llvm::StringRef text,
@@ -341,6 +356,28 @@ llvm::Expected<Enum> closedEnum(llvm::StringRef text,
 
 llvm::ArrayRef<llvm::StringRef> mlir::amp::updateRoundingNames() {
   return kUpdateRoundingNames;
+}
+
+llvm::ArrayRef<llvm::StringRef> mlir::amp::fp8ScalingNames() {
+  return kFp8ScalingNames;
+}
+llvm::Expected<Fp8Scaling> mlir::amp::parseFp8Scaling(llvm::StringRef text) {
+  return closedEnum<Fp8Scaling>(text, kFp8ScalingNames, "fp8_scaling");
+}
+bool mlir::amp::fp8ScalingIsStateful(Fp8Scaling scaling) {
+  return scaling == Fp8Scaling::Delayed;
+}
+llvm::ArrayRef<llvm::StringRef> mlir::amp::mxFormNames() {
+  return kMxFormNames;
+}
+
+int64_t Fp8Roofline::minSize() const {
+  return static_cast<int64_t>(
+      std::ceil(kQuantizeBytesPerElement * computeFlops / bytesPerSecond));
+}
+llvm::ArrayRef<Fp8Roofline> mlir::amp::fp8Rooflines() { return kFp8Rooflines; }
+int64_t mlir::amp::defaultFp8MinSize(Target target) {
+  return target == Target::Gpu ? kFp8Rooflines[0].minSize() : 0;
 }
 
 llvm::Expected<UpdateRounding>
@@ -441,6 +478,9 @@ llvm::Expected<std::string> canonicalFp8Scaling(llvm::StringRef value,
     return index.takeError();
   return kFp8ScalingNames[*index].str();
 }
+llvm::json::Value fp8MinSizeDefault(Target target) {
+  return defaultFp8MinSize(target);
+}
 llvm::Expected<std::string> canonicalUpdateRounding(llvm::StringRef value,
                                                     Target) {
   return canonical(parseUpdateRounding(value), [](UpdateRounding rounding) {
@@ -485,6 +525,10 @@ struct EntryOption {
   /// The default of a training step that stores its parameters in bf16
   /// (p=bf16), where it differs from the pass's; empty: the pass's.
   llvm::StringRef bf16ParamsDefault = "";
+  /// The one value that configures state only amp.train_step carries
+  /// (fp8_scaling=delayed); the option's other values are accepted
+  /// everywhere.
+  llvm::StringRef statefulValue = "";
 };
 
 const EntryOption kEntryOptions[] = {
@@ -510,8 +554,13 @@ const EntryOption kEntryOptions[] = {
      false, nullptr, rematerializeDefault, 0,
      "On a training step, recompute cheap elementwise residuals in the "
      "backward pass instead of keeping them"},
+    // Delayed scaling keeps state; the others are accepted everywhere
+    // (`stateful_values`).
     {"fp8_scaling", "amp-fp8-gemms", "scaling", OptionKind::Choice,
-     /*stateful=*/true, false, false, canonicalFp8Scaling},
+     /*stateful=*/false, false, false, canonicalFp8Scaling, nullptr, 0, "",
+     "", /*statefulValue=*/"delayed"},
+    {"fp8_min_size", "amp-fp8-gemms", "min-size", OptionKind::Int, false,
+     false, false, nullptr, fp8MinSizeDefault, /*minimum=*/0},
     {"amax_history", "amp-fp8-gemms", "amax-history", OptionKind::Int,
      /*stateful=*/true, false, false, nullptr, nullptr, /*minimum=*/1},
     // bf16 parameters are rounded stochastically unless asked otherwise: the
@@ -636,6 +685,8 @@ llvm::json::Object passesJson() {
       {"gemm", option(fp8.gemm, fp8GemmNames())},
       {"scaling", option(fp8.scaling, kFp8ScalingNames)},
       {"amax-history", option(fp8.amaxHistory)},
+      {"min-size", option(fp8.minSize)},
+      {"mx-form", option(fp8.mxForm, kMxFormNames)},
       {"report", option(fp8.report)},
   };
   AmpRematerializePassOptions remat;
@@ -707,6 +758,8 @@ llvm::json::Array entryOptionsJson(const llvm::json::Object &passes) {
     }
     if (!entry.bf16ParamsDefault.empty())
       object["bf16_params_default"] = entry.bf16ParamsDefault;
+    if (!entry.statefulValue.empty())
+      object["stateful_value"] = entry.statefulValue;
     if (entry.targetDefault) {
       llvm::json::Object defaults;
       for (llvm::StringRef name : targetNames())
@@ -761,7 +814,8 @@ llvm::json::Object decisionKeysJson() {
                             {"stored", decision_key::kStored},
                             {"gemm", decision_key::kGemm},
                             {"fp8", decision_key::kFp8},
-                            {"gemm_reason", decision_key::kGemmReason}};
+                            {"gemm_reason", decision_key::kGemmReason},
+                            {"gemm_detail", decision_key::kGemmDetail}};
 }
 
 llvm::json::Object decisionsJson() {
@@ -777,6 +831,20 @@ llvm::json::Object decisionsJson() {
           {"reasons", std::move(reasons)},
           {"fp8_reasons", std::move(fp8Reasons)},
           {"keys", decisionKeysJson()}};
+}
+
+/// The devices FP8's shape filter is modelled on, and the effective size
+/// M*N/(M+N) each one's roofline asks of a GEMM.
+llvm::json::Array fp8RooflinesJson() {
+  llvm::json::Array rooflines;
+  for (const Fp8Roofline &roofline : fp8Rooflines())
+    rooflines.push_back(llvm::json::Object{
+        {"device", roofline.device},
+        {"compute_flops", roofline.computeFlops},
+        {"bytes_per_second", roofline.bytesPerSecond},
+        {"quantize_bytes_per_element", kQuantizeBytesPerElement},
+        {"min_size", roofline.minSize()}});
+  return rooflines;
 }
 
 llvm::json::Object reportJson() {
@@ -832,6 +900,8 @@ std::string mlir::amp::contractJson() {
            {"max", OptimizerStateBlocks::kMax},
            {"smallest", OptimizerStateBlocks::kSmallest}}},
       {"decisions", decisionsJson()},
+      {"fp8_rooflines", fp8RooflinesJson()},
+      {"mx_block", kMxBlock},
       {"report", reportJson()},
       {"op_names", strings(shlo::knownOpNames())},
       {"linear_algebra_calls", strings(linearAlgebraCallPrefixes())},

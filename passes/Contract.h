@@ -103,6 +103,8 @@ inline constexpr llvm::StringLiteral kGemm = "gemm";
 inline constexpr llvm::StringLiteral kFp8 = "fp8";
 inline constexpr llvm::StringLiteral kGemmReason =
     "gemm_reason"; ///< fp8IneligibilityId
+/// The dot's own detail of why it is not FP8 (its sizes), if any.
+inline constexpr llvm::StringLiteral kGemmDetail = "gemm_detail";
 } // namespace decision_key
 
 /// Keys of the report JSON (collectPrecisionReport).
@@ -244,9 +246,45 @@ enum class Fp8Ineligibility {
   BatchDimensions,
   SizeNotMultipleOf16,
   BothE5M2,
+  ContractionNotMultipleOfBlock,
+  TooSmall,
 };
 llvm::StringRef fp8IneligibilityId(Fp8Ineligibility why);
 llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);
+
+/// How amp-fp8-gemms scales an FP8 operand: one f32 scale per tensor from
+/// this step's amax (current) or from an amax history carried as state
+/// (delayed); one f32 scale per row of the non-contracting dimensions
+/// (rowwise); or MXFP8: one power-of-two (E8M0) scale per block of
+/// `kMxBlock` elements along the contraction, E4M3 data.
+enum class Fp8Scaling { Current, Delayed, Rowwise, Mxfp8 };
+llvm::ArrayRef<llvm::StringRef> fp8ScalingNames();
+llvm::Expected<Fp8Scaling> parseFp8Scaling(llvm::StringRef text);
+/// Whether a scaling keeps state across steps (only amp.train_step
+/// carries it).
+bool fp8ScalingIsStateful(Fp8Scaling scaling);
+inline constexpr int64_t kMxBlock = 32;
+/// amp-fp8-gemms' `mx-form` values: composite, dequantize.
+llvm::ArrayRef<llvm::StringRef> mxFormNames();
+
+/// FP8 only where it pays: a roofline of the target. An FP8 GEMM saves
+/// half the compute-dtype GEMM's time, 2*M*N*K / peak / 2; quantizing its
+/// operands reads each compute-dtype element once more for the amax and
+/// writes its FP8 copy (the scaling fuses into the producer),
+/// `kQuantizeBytesPerElement` bytes per element of the M*K + K*N operand
+/// elements. FP8 pays when M*N/(M+N) (K cancels) exceeds
+/// kQuantizeBytesPerElement * peak / bandwidth: the GEMM's "effective
+/// size".
+struct Fp8Roofline {
+  llvm::StringLiteral device;
+  double computeFlops;   ///< dense bf16 tensor-core peak, FLOP/s
+  double bytesPerSecond; ///< HBM bandwidth
+  int64_t minSize() const;
+};
+inline constexpr double kQuantizeBytesPerElement = 3.0;
+/// H100 SXM (989 TFLOP/s, 3.35 TB/s) and B200 (2.25 PFLOP/s, 8 TB/s).
+llvm::ArrayRef<Fp8Roofline> fp8Rooflines();
+/// defaultFp8MinSize (Policy.h) reads the first, the H100's.
 
 //===----------------------------------------------------------------------===//
 // State rounding

@@ -1,10 +1,12 @@
 //===- Fp8Gemms.cpp - Scaled FP8 operands for eligible matrix multiplies --===//
 //
-// amp-fp8-gemms: each eligible dot becomes a dot of per-tensor scaled FP8
-// operands (convert to FP8 of a clamped, scaled value) accumulating in f32,
-// times the product of the scales: the form XLA:GPU keeps as an FP8 GEMM on
-// Hopper under its default passes. XLA:CPU runs it upcast, so the numerics
-// can be tested anywhere.
+// amp-fp8-gemms: each eligible dot becomes a dot of scaled FP8 operands
+// (convert to FP8 of a clamped, scaled value) accumulating in f32, times
+// the scales (per tensor or per row): the form XLA:GPU keeps as an FP8 GEMM
+// with the scaling in its epilogue. MXFP8 (E4M3 blocks of 32 with E8M0
+// scales) becomes an `xla.scaled_dot` composite, a block-scaled GEMM on
+// Blackwell, or a dot of dequantized operands. XLA:CPU runs them upcast,
+// so the numerics can be tested anywhere.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,8 +21,10 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/StringExtras.h"
 
 #include <cfloat>
+#include <cmath>
 #include <optional>
 
 namespace mlir::amp {
@@ -32,8 +36,6 @@ using namespace mlir;
 using namespace mlir::amp;
 
 namespace {
-
-enum class Scaling { Current, Delayed };
 
 /// The FP8 format of one operand, and what scaling it gets.
 struct OperandPlan {
@@ -47,7 +49,17 @@ struct Ineligible {
   Fp8Ineligibility why;
   std::string detail;
 };
-std::optional<Ineligible> ineligibility(Operation *dot) {
+
+/// A GEMM's sizes: M (lhs free), K (contraction), N (rhs free).
+struct GemmSizes {
+  int64_t m = 0, k = 0, n = 0;
+  std::string text() const {
+    return std::to_string(m) + "x" + std::to_string(k) + "x" +
+           std::to_string(n);
+  }
+};
+
+std::optional<Ineligible> ineligibility(Operation *dot, GemmSizes &gemm) {
   std::optional<shlo::DotDimensions> dims = shlo::getDotDimensions(dot);
   if (!dims)
     return Ineligible{Fp8Ineligibility::DimensionsUnreadable, ""};
@@ -82,6 +94,64 @@ std::optional<Ineligible> ineligibility(Operation *dot) {
                       "shape " + std::to_string(m) + "x" + std::to_string(k) +
                           " * " + std::to_string(k2) + "x" +
                           std::to_string(n)};
+  gemm = {m, k, n};
+  return std::nullopt;
+}
+
+/// An MXFP8 GEMM's operands are matrices [free, contraction] (XLA's
+/// scaled-dot takes one free and one contracting dimension each), blocked
+/// along the contraction, and the product [M, N] is reshaped back.
+const shlo::DotDimensions &matrixDimensions() {
+  static const shlo::DotDimensions dims{{}, {}, {1}, {1}};
+  return dims;
+}
+
+/// `value`, an operand of a dot with `contracting` and `batch` (each of
+/// one) dimensions, as the matrix [free, contraction]: its free dimensions
+/// then its contracting ones in their listed order (the order both
+/// operands share), flattened.
+Value asMatrix(OpBuilder &builder, Location loc, Value value,
+               llvm::ArrayRef<int64_t> contracting,
+               llvm::ArrayRef<int64_t> batch) {
+  auto type = cast<RankedTensorType>(value.getType());
+  llvm::SmallVector<int64_t> order;
+  int64_t free = 1, contraction = 1;
+  for (int64_t d = 0; d < type.getRank(); ++d)
+    if (!llvm::is_contained(contracting, d) && !llvm::is_contained(batch, d)) {
+      order.push_back(d);
+      free *= type.getDimSize(d);
+    }
+  for (int64_t d : contracting) {
+    order.push_back(d);
+    contraction *= type.getDimSize(d);
+  }
+  for (int64_t d : batch)
+    order.push_back(d);
+  if (!llvm::equal(order, llvm::seq<int64_t>(0, type.getRank())))
+    value = shlo::buildTranspose(builder, loc, value, order);
+  if (cast<RankedTensorType>(value.getType()).getShape() ==
+      llvm::ArrayRef<int64_t>{free, contraction})
+    return value;
+  return shlo::buildReshape(builder, loc, value, {free, contraction});
+}
+
+/// Why `dot`, eligible, still stays out of FP8 under `scaling` and
+/// `minSize`: a contraction MXFP8 cannot block, or a GEMM too small for
+/// FP8 to pay.
+std::optional<Ineligible> unprofitable(Operation *dot, const GemmSizes &gemm,
+                                       Fp8Scaling scaling, int64_t minSize) {
+  if (scaling == Fp8Scaling::Mxfp8 && gemm.k % kMxBlock)
+    return Ineligible{Fp8Ineligibility::ContractionNotMultipleOfBlock,
+                      "contraction of " + std::to_string(gemm.k)};
+  // M*N/(M+N): both the time FP8 saves and its quantization's cost grow
+  // with K (Contract.h, Fp8Roofline).
+  int64_t effective = gemm.m * gemm.n / (gemm.m + gemm.n);
+  if (effective < minSize)
+    return Ineligible{Fp8Ineligibility::TooSmall,
+                      gemm.text() + " GEMM, M*N/(M+N) = " +
+                          std::to_string(effective) + " < " +
+                          std::to_string(minSize) +
+                          ": FP8 would be slower"};
   return std::nullopt;
 }
 
@@ -95,7 +165,8 @@ public:
 
 private:
   GemmDtype format = GemmDtype::F8;
-  Scaling scalingMode = Scaling::Current;
+  Fp8Scaling scalingMode = Fp8Scaling::Current;
+  bool mxComposite = true;
   std::string optionError;
 
   OperandPlan planOperand(Value operand,
@@ -104,26 +175,44 @@ private:
   /// (delayed: from a history appended to main; else current).
   Value referenceAmax(OpBuilder &builder, Location loc, Value currentAmax,
                       func::FuncOp main, bool topLevel);
-  /// An operand in FP8 and the f32 scalar it was divided by.
+  /// An operand in FP8 and the f32 scale it was divided by: a scalar (per
+  /// tensor), the operand's free dimensions (rowwise: its batch dimensions,
+  /// each of one, left out), or the operand's shape with the block
+  /// dimension divided by 32 (mxfp8).
   struct Quantized {
     Value value;
     Value scale;
   };
   Value widened(OpBuilder &builder, Location loc, Value operand);
-  Quantized quantize(OpBuilder &builder, Operation *dot, Value operand,
+  /// Operand `index` of `dot` in FP8.
+  Quantized quantize(OpBuilder &builder, Operation *dot, unsigned index,
                      const OperandPlan &plan, func::FuncOp main);
+  Quantized quantizeRows(OpBuilder &builder, Location loc, Value wide,
+                         FloatType format, llvm::ArrayRef<int64_t> contracting,
+                         llvm::ArrayRef<int64_t> batch);
+  Quantized quantizeBlocks(OpBuilder &builder, Location loc, Value wide,
+                           int64_t blockDim);
   void replaceWithFp8Dot(OpBuilder &builder, Operation *dot,
                          const Quantized &lhs, const Quantized &rhs,
                          bool computeResult);
+  void replaceWithBlockScaledDot(OpBuilder &builder, Operation *dot,
+                                 const Quantized &lhs, const Quantized &rhs);
+  /// The private function decomposing an `xla.scaled_dot` composite
+  /// replacing `dot` (the dequantized dot).
+  FlatSymbolRefAttr scaledDotDecomposition(Operation *dot,
+                                           TypeRange operandTypes,
+                                           Type resultType);
   /// FP8 dots made so far, in program order (their survival markers).
   unsigned fp8DotCount = 0;
 
   /// Adds the FP8 decision to `dot`'s report attribute; `marker` is the
   /// index of its survival marker (replaceWithFp8Dot).
-  /// `gemmReason` is the contract id of why it is not FP8, if it is not.
+  /// `gemmReason` is the contract id of why it is not FP8, if it is not,
+  /// and `gemmDetail` this dot's detail of it.
   void annotate(Operation *dot, llvm::StringRef text,
                 std::optional<int64_t> marker = std::nullopt,
-                llvm::StringRef gemmReason = {});
+                llvm::StringRef gemmReason = {},
+                llvm::StringRef gemmDetail = {});
   /// Adds why `dot` stays in the compute dtype: the text, and the reason's
   /// contract id as `gemm_reason`.
   void annotateIneligible(Operation *dot, const Ineligible &ineligible);
@@ -131,19 +220,37 @@ private:
 
 LogicalResult Fp8GemmsPass::initialize(MLIRContext *context) {
   llvm::Expected<GemmDtype> parsed = parseFp8Gemm(gemm);
-  if (!parsed)
+  llvm::Expected<Fp8Scaling> parsedScaling = parseFp8Scaling(scaling);
+  if (!parsed) {
     optionError =
         "invalid option 'gemm': " + llvm::toString(parsed.takeError());
-  else if ((format = *parsed, scaling == "current"))
-    scalingMode = Scaling::Current;
-  else if (scaling == "delayed")
-    scalingMode = Scaling::Delayed;
-  else
-    optionError = "invalid option 'scaling': unknown value '" + scaling +
-                  "' (accepted: current, delayed)";
+    llvm::consumeError(parsedScaling.takeError());
+  } else if (!parsedScaling) {
+    optionError = "invalid option 'scaling': " +
+                  llvm::toString(parsedScaling.takeError());
+  } else {
+    format = *parsed;
+    scalingMode = *parsedScaling;
+  }
   if (optionError.empty() && amaxHistory < 1)
     optionError = "invalid option 'amax-history': must be at least 1, got " +
                   std::to_string(amaxHistory);
+  if (optionError.empty() && minSize < 0)
+    optionError = "invalid option 'min-size': must be at least 0, got " +
+                  std::to_string(minSize);
+  if (optionError.empty() && scalingMode == Fp8Scaling::Mxfp8 &&
+      format == GemmDtype::F8E5M2)
+    optionError = "invalid option 'scaling': mxfp8 stores E4M3 data; use "
+                  "gemm=f8 or gemm=f8e4m3fn with it";
+  if (optionError.empty()) {
+    if (mxForm == mxFormNames()[0])
+      mxComposite = true;
+    else if (mxForm == mxFormNames()[1])
+      mxComposite = false;
+    else
+      optionError = "invalid option 'mx-form': unknown value '" + mxForm +
+                    "' (accepted: " + llvm::join(mxFormNames(), ", ") + ")";
+  }
   return success();
 }
 
@@ -152,6 +259,10 @@ OperandPlan Fp8GemmsPass::planOperand(Value operand,
   MLIRContext *context = &getContext();
   OperandPlan plan;
   plan.gradient = gradients.contains(operand);
+  if (scalingMode == Fp8Scaling::Mxfp8) {
+    plan.format = Float8E4M3FNType::get(context);
+    return plan;
+  }
   switch (format) {
   case GemmDtype::F8E4M3FN:
     plan.format = Float8E4M3FNType::get(context);
@@ -170,7 +281,7 @@ OperandPlan Fp8GemmsPass::planOperand(Value operand,
 Value Fp8GemmsPass::referenceAmax(OpBuilder &builder, Location loc,
                                   Value currentAmax, func::FuncOp main,
                                   bool topLevel) {
-  if (scalingMode == Scaling::Current || !topLevel)
+  if (scalingMode != Fp8Scaling::Delayed || !topLevel)
     return currentAmax;
   // The history: one more argument and result of main, newest amax first.
   Type f32 = builder.getF32Type();
@@ -207,10 +318,25 @@ Value Fp8GemmsPass::referenceAmax(OpBuilder &builder, Location loc,
 }
 
 Fp8GemmsPass::Quantized
-Fp8GemmsPass::quantize(OpBuilder &builder, Operation *dot, Value operand,
+Fp8GemmsPass::quantize(OpBuilder &builder, Operation *dot, unsigned index,
                        const OperandPlan &plan, func::FuncOp main) {
   Location loc = dot->getLoc();
   Type f32 = builder.getF32Type();
+  Value operand = dot->getOperand(index);
+  Value wide = widened(builder, loc, operand);
+  shlo::DotDimensions dims = *shlo::getDotDimensions(dot);
+  bool lhs = index == 0;
+  if (scalingMode == Fp8Scaling::Rowwise)
+    return quantizeRows(builder, loc, wide, plan.format,
+                        lhs ? dims.lhsContracting : dims.rhsContracting,
+                        lhs ? dims.lhsBatch : dims.rhsBatch);
+  if (scalingMode == Fp8Scaling::Mxfp8)
+    return quantizeBlocks(
+        builder, loc,
+        asMatrix(builder, loc, wide,
+                 lhs ? dims.lhsContracting : dims.rhsContracting,
+                 lhs ? dims.lhsBatch : dims.rhsBatch),
+        1);
   auto type = cast<RankedTensorType>(operand.getType());
   auto f32Type = RankedTensorType::get(type.getShape(), f32);
   double fmax =
@@ -220,7 +346,6 @@ Fp8GemmsPass::quantize(OpBuilder &builder, Operation *dot, Value operand,
   auto op = [&](llvm::StringRef name, ValueRange operands) {
     return shlo::buildElementwise(builder, loc, name, operands);
   };
-  Value wide = widened(builder, loc, operand);
   Value amax = shlo::buildReduceAll(builder, loc, op("abs", {wide}),
                                     "maximum", 0.0);
   bool topLevel = dot->getParentOp() == main.getOperation();
@@ -234,6 +359,153 @@ Fp8GemmsPass::quantize(OpBuilder &builder, Operation *dot, Value operand,
   Value clamped = shlo::buildClamp(builder, loc, scalar(-fmax), scaled,
                                    scalar(fmax));
   return {shlo::buildConvert(builder, loc, clamped, plan.format), scale};
+}
+
+Fp8GemmsPass::Quantized Fp8GemmsPass::quantizeRows(
+    OpBuilder &builder, Location loc, Value wide, FloatType format,
+    llvm::ArrayRef<int64_t> contracting, llvm::ArrayRef<int64_t> batch) {
+  auto type = cast<RankedTensorType>(wide.getType());
+  Type f32 = builder.getF32Type();
+  double fmax =
+      llvm::APFloat::getLargest(format.getFloatSemantics()).convertToDouble();
+  llvm::SmallVector<int64_t> reduced(contracting);
+  llvm::sort(reduced);
+  llvm::SmallVector<int64_t> kept, free;
+  for (int64_t d = 0; d < type.getRank(); ++d) {
+    if (llvm::is_contained(contracting, d))
+      continue;
+    kept.push_back(d);
+    if (!llvm::is_contained(batch, d))
+      free.push_back(type.getDimSize(d));
+  }
+  auto op = [&](llvm::StringRef name, ValueRange operands) {
+    return shlo::buildElementwise(builder, loc, name, operands);
+  };
+  Value amax = shlo::buildReduce(builder, loc, op("abs", {wide}), reduced,
+                                 "maximum", 0.0);
+  auto scaleType = cast<RankedTensorType>(amax.getType());
+  auto splat = [&](double v) {
+    return shlo::buildBroadcastScalar(
+        builder, loc, shlo::buildScalar(builder, loc, f32, v), scaleType);
+  };
+  // The scale (for the product) and its inverse (for quantizing) share no
+  // op but the amax, so XLA fuses each into its reader instead of
+  // launching a kernel for a shared scale vector. Bounds keep an all-zero
+  // row's scale finite and non-zero.
+  Value inverse = op("minimum", {op("divide", {splat(fmax), amax}),
+                                 splat(1.0 / FLT_MIN)});
+  Value scale = op("maximum", {op("divide", {amax, splat(fmax)}),
+                               splat(FLT_MIN)});
+  Value scaled = op("multiply", {wide, shlo::buildBroadcastInDim(
+                                           builder, loc, inverse, type, kept)});
+  Value clamped = shlo::buildClamp(
+      builder, loc, shlo::buildScalar(builder, loc, f32, -fmax), scaled,
+      shlo::buildScalar(builder, loc, f32, fmax));
+  Value codes = shlo::buildConvert(builder, loc, clamped, format);
+  if (scaleType.getRank() != static_cast<int64_t>(free.size()))
+    scale = shlo::buildReshape(builder, loc, scale, free);
+  return {codes, scale};
+}
+
+/// `shape` with dimension `blockDim` split into [size / kMxBlock, kMxBlock].
+static llvm::SmallVector<int64_t> blockedShape(llvm::ArrayRef<int64_t> shape,
+                                               int64_t blockDim) {
+  llvm::SmallVector<int64_t> blocked(shape);
+  blocked[blockDim] /= kMxBlock;
+  blocked.insert(blocked.begin() + blockDim + 1, kMxBlock);
+  return blocked;
+}
+
+/// Every dimension of the blocked shape but the one inside a block: where a
+/// per-block value broadcasts from.
+static llvm::SmallVector<int64_t> blockBroadcastDims(int64_t rank,
+                                                     int64_t blockDim) {
+  llvm::SmallVector<int64_t> dims;
+  for (int64_t d = 0; d <= rank; ++d)
+    if (d != blockDim + 1)
+      dims.push_back(d);
+  return dims;
+}
+
+Fp8GemmsPass::Quantized Fp8GemmsPass::quantizeBlocks(OpBuilder &builder,
+                                                     Location loc, Value wide,
+                                                     int64_t blockDim) {
+  auto type = cast<RankedTensorType>(wide.getType());
+  Type f32 = builder.getF32Type(), i32 = builder.getI32Type();
+  auto blockedType =
+      RankedTensorType::get(blockedShape(type.getShape(), blockDim), f32);
+  auto op = [&](llvm::StringRef name, ValueRange operands) {
+    return shlo::buildElementwise(builder, loc, name, operands);
+  };
+  Value blocks = shlo::buildReshape(builder, loc, wide, blockedType.getShape());
+  Value amax = shlo::buildReduce(builder, loc, op("abs", {blocks}),
+                                 {blockDim + 1}, "maximum", 0.0);
+  auto scaleType = cast<RankedTensorType>(amax.getType());
+  auto intType = RankedTensorType::get(scaleType.getShape(), i32);
+  auto splat = [&](Type element, double v, RankedTensorType like) {
+    return shlo::buildBroadcastScalar(
+        builder, loc, shlo::buildScalar(builder, loc, element, v),
+        RankedTensorType::get(like.getShape(), element));
+  };
+  auto integer = [&](int64_t v) { return splat(i32, v, intType); };
+  // The smallest power of two that keeps the block within E4M3's 448 =
+  // 1.75 * 2^8, from amax's bits (exact; log2 in floating point is not):
+  // amax = 1.m * 2^E needs 2^(E-8), or 2^(E-7) when 1.m > 1.75.
+  Value bits = shlo::buildBitcastConvert(builder, loc, amax, intType);
+  Value biased = op("shift_right_logical", {bits, integer(23)});
+  Value mantissa = op("and", {bits, integer(0x7FFFFF)});
+  Value roundsUp = shlo::buildSelect(
+      builder, loc, shlo::buildCompare(builder, loc, mantissa,
+                                       integer(0x600000), "GT"),
+      integer(1), integer(0));
+  Value exponent = op("add", {op("subtract", {biased, integer(127 + 8)}),
+                              roundsUp});
+  // E8M0 holds 2^-127 .. 2^127; the least here is 2^-126 (an all-zero
+  // block's), f32's least normal: XLA flushes subnormals to zero, and a
+  // block divided by a zero scale would be NaN.
+  exponent = shlo::buildClamp(builder, loc,
+                              shlo::buildScalar(builder, loc, i32, -126),
+                              exponent,
+                              shlo::buildScalar(builder, loc, i32, 127));
+  // 2^e as f32 bits.
+  Value scaleBits =
+      op("shift_left", {op("add", {exponent, integer(127)}), integer(23)});
+  Value scale = shlo::buildBitcastConvert(builder, loc, scaleBits, scaleType);
+  // A block holding inf or NaN gets a NaN scale (as in the OCP MX format),
+  // so the overflow reaches the output and the loss-scale check.
+  scale = shlo::buildSelect(
+      builder, loc, shlo::buildIsFinite(builder, loc, amax), scale,
+      splat(f32, std::nan(""), scaleType));
+  Value scaled = op("divide",
+                    {blocks, shlo::buildBroadcastInDim(
+                                 builder, loc, scale, blockedType,
+                                 blockBroadcastDims(type.getRank(), blockDim))});
+  Value clamped = shlo::buildClamp(
+      builder, loc, shlo::buildScalar(builder, loc, f32, -448.0), scaled,
+      shlo::buildScalar(builder, loc, f32, 448.0));
+  Value codes = shlo::buildConvert(builder, loc, clamped,
+                                   Float8E4M3FNType::get(builder.getContext()));
+  return {shlo::buildReshape(builder, loc, codes, type.getShape()), scale};
+}
+
+/// MXFP8 `codes` times their per-block `scale` (f32 or E8M0), in
+/// `elementType`: exact, a code times a power of two.
+static Value dequantizeBlocks(OpBuilder &builder, Location loc, Value codes,
+                              Value scale, int64_t blockDim,
+                              Type elementType) {
+  auto type = cast<RankedTensorType>(codes.getType());
+  Type scaleElement = cast<RankedTensorType>(scale.getType()).getElementType();
+  auto blockedScaleType = RankedTensorType::get(
+      blockedShape(type.getShape(), blockDim), scaleElement);
+  Value perElement = shlo::buildReshape(
+      builder, loc,
+      shlo::buildBroadcastInDim(builder, loc, scale, blockedScaleType,
+                                blockBroadcastDims(type.getRank(), blockDim)),
+      type.getShape());
+  return shlo::buildElementwise(
+      builder, loc, "multiply",
+      {shlo::buildConvert(builder, loc, codes, elementType),
+       shlo::buildConvert(builder, loc, perElement, elementType)});
 }
 
 /// `operand` in f32, for quantizing. A low-precision operand that is the
@@ -260,35 +532,63 @@ Value Fp8GemmsPass::widened(OpBuilder &builder, Location loc, Value operand) {
   return shlo::buildConvert(builder, loc, operand, f32);
 }
 
-/// `dot` on FP8 operands, accumulating in f32, times the product of the two
-/// scales, in the dot's own result type. The FP8 values feed the dot with
-/// no convert between them: XLA:GPU's simplify-fp-conversions removes any
-/// chain of converts (so f32 -> f8 -> bf16 would become f32 -> bf16), while
-/// an FP8 dot is kept by both of its GEMM paths (Triton's FP8 GEMM fusion
-/// and cuBLASLt's FP8 GEMM); XLA:CPU runs it upcast to f32, exactly.
+/// `dot` on FP8 operands, accumulating in f32, times the scales, in the
+/// dot's own result type. The FP8 values feed the dot with no convert
+/// between them: XLA:GPU's simplify-fp-conversions removes any chain of
+/// converts (so f32 -> f8 -> bf16 would become f32 -> bf16), while an FP8
+/// dot is kept by both of its GEMM paths (Triton's FP8 GEMM fusion and
+/// cuBLASLt's FP8 GEMM); XLA:CPU runs it upcast to f32, exactly. Per-row
+/// scales multiply the result's rows (lhs), then its columns (rhs).
 void Fp8GemmsPass::replaceWithFp8Dot(OpBuilder &builder, Operation *dot,
                                      const Quantized &lhs,
                                      const Quantized &rhs,
                                      bool computeResult) {
   Location loc = dot->getLoc();
   auto resultType = cast<RankedTensorType>(dot->getResult(0).getType());
+  bool rowwise = scalingMode == Fp8Scaling::Rowwise;
   // The GEMM writes f32 (rounded once to the dot's own type after
   // scaling), or with `computeResult` the dot's compute type, scaled there.
-  auto productType = computeResult
-                         ? resultType
-                         : RankedTensorType::get(resultType.getShape(),
-                                                 builder.getF32Type());
-  Value product =
-      shlo::buildDotGeneral(builder, dot, lhs.value, rhs.value,
-                            *shlo::getDotDimensions(dot), productType);
-  Value scale = shlo::buildElementwise(builder, loc, "multiply",
-                                       {lhs.scale, rhs.scale});
-  if (computeResult)
-    scale = shlo::buildConvert(builder, loc, scale,
-                               productType.getElementType());
-  Value result = shlo::buildElementwise(
-      builder, loc, "multiply",
-      {product, shlo::buildBroadcastScalar(builder, loc, scale, productType)});
+  auto f32Result =
+      RankedTensorType::get(resultType.getShape(), builder.getF32Type());
+  auto productType = computeResult ? resultType : f32Result;
+  Type productElement = productType.getElementType();
+  shlo::DotDimensions dims = *shlo::getDotDimensions(dot);
+  Value product = shlo::buildDotGeneral(builder, dot, lhs.value, rhs.value,
+                                        dims, productType);
+  Value result;
+  if (rowwise) {
+    // Result dimensions: batch (each of one), lhs free, rhs free; the
+    // product times the rows' scales, then the columns' (XLA:GPU fuses
+    // that chain into the GEMM's epilogue, or into the elementwise
+    // fusion reading the product).
+    int64_t batch = dims.lhsBatch.size();
+    int64_t lhsFree = cast<RankedTensorType>(lhs.scale.getType()).getRank();
+    int64_t rhsFree = cast<RankedTensorType>(rhs.scale.getType()).getRank();
+    llvm::SmallVector<int64_t> rows, columns;
+    for (int64_t i = 0; i < lhsFree; ++i)
+      rows.push_back(batch + i);
+    for (int64_t i = 0; i < rhsFree; ++i)
+      columns.push_back(batch + lhsFree + i);
+    auto along = [&](Value scale, llvm::ArrayRef<int64_t> dimensions) {
+      if (computeResult)
+        scale = shlo::buildConvert(builder, loc, scale, productElement);
+      return shlo::buildBroadcastInDim(builder, loc, scale, productType,
+                                       dimensions);
+    };
+    result = shlo::buildElementwise(builder, loc, "multiply",
+                                    {product, along(lhs.scale, rows)});
+    result = shlo::buildElementwise(builder, loc, "multiply",
+                                    {result, along(rhs.scale, columns)});
+  } else {
+    Value scale = shlo::buildElementwise(builder, loc, "multiply",
+                                         {lhs.scale, rhs.scale});
+    if (computeResult)
+      scale = shlo::buildConvert(builder, loc, scale, productElement);
+    result = shlo::buildElementwise(
+        builder, loc, "multiply",
+        {product, shlo::buildBroadcastScalar(builder, loc, scale,
+                                             productType)});
+  }
   if (resultType.getElementType() != productType.getElementType())
     result = shlo::buildConvert(builder, loc, result,
                                 resultType.getElementType());
@@ -298,9 +598,121 @@ void Fp8GemmsPass::replaceWithFp8Dot(OpBuilder &builder, Operation *dot,
   dot->erase();
 }
 
+/// `dot` as an MXFP8 GEMM. The composite form is what `jax.lax.scaled_dot`
+/// emits (JAX >= 0.9.1): the codes and their E8M0 scales, accumulating in
+/// f32 or bf16 (its only result types; another is converted after). The
+/// dequantized form multiplies each code by its scale, exactly, in the
+/// dot's operand type and runs the original dot.
+void Fp8GemmsPass::replaceWithBlockScaledDot(OpBuilder &builder,
+                                             Operation *dot,
+                                             const Quantized &lhs,
+                                             const Quantized &rhs) {
+  Location loc = dot->getLoc();
+  auto resultType = cast<RankedTensorType>(dot->getResult(0).getType());
+  const shlo::DotDimensions &dims = matrixDimensions();
+  // [M, N] of the matrices, reshaped to the dot's result (batch dimensions
+  // of one, lhs free, rhs free) at the end.
+  int64_t m = cast<RankedTensorType>(lhs.value.getType()).getDimSize(0);
+  int64_t n = cast<RankedTensorType>(rhs.value.getType()).getDimSize(0);
+  Operation *gemm;
+  Value result;
+  if (mxComposite) {
+    Type e8m0 = Float8E8M0FNUType::get(builder.getContext());
+    Value lhsScale = shlo::buildConvert(builder, loc, lhs.scale, e8m0);
+    Value rhsScale = shlo::buildConvert(builder, loc, rhs.scale, e8m0);
+    // XLA turns the composite into a block-scaled GEMM that keeps no
+    // marker: the lhs scale, which only the GEMM reads, carries it too.
+    shlo::markDecision(lhsScale.getDefiningOp(), attr::kFp8Marker,
+                       fp8DotCount);
+    Type accumulated = resultType.getElementType();
+    if (!accumulated.isBF16() && !accumulated.isF32())
+      accumulated = builder.getF32Type();
+    auto compositeType = RankedTensorType::get({m, n}, accumulated);
+    llvm::SmallVector<Value> operands{lhs.value, rhs.value, lhsScale,
+                                      rhsScale};
+    MLIRContext *context = builder.getContext();
+    auto ints = [&](llvm::ArrayRef<int64_t> values) {
+      llvm::SmallVector<Attribute> attrs;
+      for (int64_t v : values)
+        attrs.push_back(builder.getI64IntegerAttr(v));
+      return ArrayAttr::get(context, attrs);
+    };
+    // ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)).
+    Attribute dimensionNumbers = ArrayAttr::get(
+        context,
+        {ArrayAttr::get(context, {ints(dims.lhsContracting),
+                                  ints(dims.rhsContracting)}),
+         ArrayAttr::get(context, {ints(dims.lhsBatch), ints(dims.rhsBatch)})});
+    DictionaryAttr attributes = builder.getDictionaryAttr(
+        {builder.getNamedAttr("dimension_numbers", dimensionNumbers),
+         builder.getNamedAttr("preferred_element_type",
+                              TypeAttr::get(accumulated))});
+    gemm = shlo::buildComposite(
+        builder, loc, "xla.scaled_dot", operands, compositeType, attributes,
+        scaledDotDecomposition(dot, ValueRange(operands).getTypes(),
+                               compositeType));
+    // The dot's decision (and any attribute of its own) stays with it.
+    gemm->setDiscardableAttrs(dot->getDiscardableAttrDictionary());
+    result = gemm->getResult(0);
+    if (accumulated != resultType.getElementType())
+      result = shlo::buildConvert(builder, loc, result,
+                                  resultType.getElementType());
+  } else {
+    auto operandType = [&](unsigned i) {
+      return cast<RankedTensorType>(dot->getOperand(i).getType())
+          .getElementType();
+    };
+    Value lhsValues = dequantizeBlocks(builder, loc, lhs.value, lhs.scale, 1,
+                                       operandType(0));
+    // XLA:CPU rewrites a bf16 dot into an f32 one without its marker: the
+    // lhs's dequantization (the FP8 rounding kept) carries it too.
+    shlo::markDecision(lhsValues.getDefiningOp(), attr::kFp8Marker,
+                       fp8DotCount);
+    Value rhsValues = dequantizeBlocks(builder, loc, rhs.value, rhs.scale, 1,
+                                       operandType(1));
+    result = shlo::buildDotGeneral(
+        builder, dot, lhsValues, rhsValues, dims,
+        RankedTensorType::get({m, n}, resultType.getElementType()));
+    gemm = result.getDefiningOp();
+  }
+  shlo::markDecision(gemm, attr::kFp8Marker, fp8DotCount++);
+  if (resultType.getShape() != llvm::ArrayRef<int64_t>{m, n})
+    result = shlo::buildReshape(builder, loc, result, resultType.getShape());
+  dot->getResult(0).replaceAllUsesWith(result);
+  dot->erase();
+}
+
+FlatSymbolRefAttr
+Fp8GemmsPass::scaledDotDecomposition(Operation *dot, TypeRange operandTypes,
+                                     Type resultType) {
+  ModuleOp module = getOperation();
+  Location loc = dot->getLoc();
+  auto function = func::FuncOp::create(
+      loc, "xla.scaled_dot",
+      FunctionType::get(&getContext(), operandTypes, {resultType}));
+  function.setPrivate();
+  // Unique among the module's symbols (one per dot): xla.scaled_dot_0, ...
+  SymbolTable(module).insert(function);
+  OpBuilder builder(&getContext());
+  Block *body = function.addEntryBlock();
+  builder.setInsertionPointToStart(body);
+  // As jax.lax.scaled_dot's decomposition: dequantized in bf16 (exact).
+  Type bf16 = builder.getBF16Type();
+  Value lhs = dequantizeBlocks(builder, loc, body->getArgument(0),
+                               body->getArgument(2), 1, bf16);
+  Value rhs = dequantizeBlocks(builder, loc, body->getArgument(1),
+                               body->getArgument(3), 1, bf16);
+  Value product = shlo::buildDotGeneral(builder, dot, lhs, rhs,
+                                        matrixDimensions(), resultType);
+  product.getDefiningOp()->setDiscardableAttrs(builder.getDictionaryAttr({}));
+  func::ReturnOp::create(builder, loc, product);
+  return FlatSymbolRefAttr::get(function.getSymNameAttr());
+}
+
 void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text,
                             std::optional<int64_t> marker,
-                            llvm::StringRef gemmReason) {
+                            llvm::StringRef gemmReason,
+                            llvm::StringRef gemmDetail) {
   if (!report)
     return;
   auto decision = dot->getAttrOfType<DictionaryAttr>(attr::kDecision);
@@ -314,6 +726,9 @@ void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text,
   if (!gemmReason.empty())
     fields.set(decision_key::kGemmReason,
                StringAttr::get(&getContext(), gemmReason));
+  if (!gemmDetail.empty())
+    fields.set(decision_key::kGemmDetail,
+               StringAttr::get(&getContext(), gemmDetail));
   dot->setAttr(attr::kDecision, fields.getDictionary(&getContext()));
 }
 
@@ -323,7 +738,8 @@ void Fp8GemmsPass::annotateIneligible(Operation *dot,
       ("not eligible: " + fp8IneligibilityText(ineligible.why)).str();
   if (!ineligible.detail.empty())
     text += " (" + ineligible.detail + ")";
-  annotate(dot, text, std::nullopt, fp8IneligibilityId(ineligible.why));
+  annotate(dot, text, std::nullopt, fp8IneligibilityId(ineligible.why),
+           ineligible.detail);
 }
 
 void Fp8GemmsPass::runOnOperation() {
@@ -348,7 +764,11 @@ void Fp8GemmsPass::runOnOperation() {
       dots.push_back(op);
   });
   for (Operation *dot : dots) {
-    if (std::optional<Ineligible> ineligible = ineligibility(dot)) {
+    GemmSizes sizes;
+    std::optional<Ineligible> ineligible = ineligibility(dot, sizes);
+    if (!ineligible)
+      ineligible = unprofitable(dot, sizes, scalingMode, minSize);
+    if (ineligible) {
       annotateIneligible(dot, *ineligible);
       continue;
     }
@@ -363,19 +783,30 @@ void Fp8GemmsPass::runOnOperation() {
       continue;
     }
     OpBuilder builder(dot);
-    bool delayed = scalingMode == Scaling::Delayed && main &&
+    bool delayed = scalingMode == Fp8Scaling::Delayed && main &&
                    dot->getParentOp() == main.getOperation();
     llvm::SmallVector<Quantized, 2> operands;
     std::string formats, separator;
-    for (auto [operand, plan] : llvm::zip(dot->getOperands(), plans)) {
-      operands.push_back(quantize(builder, dot, operand, plan,
+    for (auto [index, plan] : llvm::enumerate(plans)) {
+      operands.push_back(quantize(builder, dot, index, plan,
                                   delayed ? main : func::FuncOp()));
       formats += separator + (isa<Float8E5M2Type>(plan.format) ? "f8e5m2"
                                                                : "f8e4m3fn");
       separator = " x ";
     }
+    if (scalingMode == Fp8Scaling::Mxfp8) {
+      annotate(dot,
+               formats + ", mxfp8 (blocks of 32, E8M0 scales" +
+                   (mxComposite ? ", xla.scaled_dot)" : ", dequantized)"),
+               fp8DotCount);
+      replaceWithBlockScaledDot(builder, dot, operands[0], operands[1]);
+      continue;
+    }
     annotate(dot,
-             formats + (delayed ? ", delayed scaling" : ", current scaling"),
+             formats + (delayed ? ", delayed scaling"
+                        : scalingMode == Fp8Scaling::Rowwise
+                            ? ", rowwise scaling"
+                            : ", current scaling"),
              fp8DotCount);
     // A dot amp-insert-converts made in the compute dtype (a stored value
     // on gpu, reduce-dtype=compute) stays so: where XLA partitions the

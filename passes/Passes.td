@@ -250,36 +250,58 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
   let description = [{
     Runs after `amp-insert-converts`. Each `dot_general` whose operands are
     in a low-precision float dtype and that is eligible gets FP8 operands,
-    scaled per tensor:
+    each scaled by `scaling`:
 
-    - `amax = max|x|` in the graph (current scaling), or the max of an amax
-      history carried as state (delayed scaling: one `f32[N]` argument and
-      result per operand, marked `amp.amax_history`, the result also
-      `amp.state_of` its argument so a skipped step keeps the history; the
-      history is rolled and the current amax inserted; an all-zero history
-      falls back to the current amax);
-    - `scale = max(amax / fmax, FLT_MIN)` with `fmax` = 448 (e4m3fn) or
-      57344 (e5m2);
-    - quantize: `q = convert(clamp(-fmax, x / scale, fmax))` to FP8 (the
-      clamp saturates: no value becomes inf or NaN);
-    - dequantize: `convert(q)` to the compute dtype (f32 when the compute
-      dtype is f16, whose range cannot hold every scale), times the
-      broadcast scale;
-    - the dot accumulates in f32.
+    - `current` (per tensor): `amax = max|x|` in the graph;
+    - `delayed` (per tensor): the max of an amax history carried as state
+      (one `f32[N]` argument and result per operand, marked
+      `amp.amax_history`, the result also `amp.state_of` its argument so a
+      skipped step keeps the history; the history is rolled and the current
+      amax inserted; an all-zero history falls back to the current amax);
+    - then `scale = max(amax / fmax, FLT_MIN)` with `fmax` = 448 (e4m3fn)
+      or 57344 (e5m2), and `q = convert(clamp(-fmax, x / scale, fmax))` to
+      FP8 (the clamp saturates: no value becomes inf or NaN);
+    - `rowwise`: one amax per row, over the operand's contracting
+      dimensions (the backward pass's dots, being dots of their own,
+      re-quantize along their own contraction); `q = convert(clamp(-fmax,
+      x * min(fmax / amax, 1 / FLT_MIN), fmax))` and the scale
+      `max(amax / fmax, FLT_MIN)`, computed apart so that XLA fuses each
+      into its reader;
+    - the FP8 values feed the dot directly (XLA's simplify-fp-conversions
+      would fold any convert chain between them), which accumulates in f32
+      and is multiplied by the scales, broadcast along the result's rows
+      and columns: the form XLA:GPU keeps as an FP8 GEMM with the scaling
+      in its epilogue.
+    - `mxfp8`: E4M3 data in blocks of 32 along the (last) contracting
+      dimension, each with a power-of-two scale rounded up,
+      `2^(floor(log2 amax) - 8 + [mantissa(amax) > 1.75])` (the smallest
+      one that keeps the block within 448), clamped to [2^-126, 2^127]
+      (E8M0 reaches 2^-127, but f32 holds that only as a subnormal, which
+      XLA flushes to zero), NaN for a block holding inf or NaN. With
+      `mx-form=composite` the dot becomes `stablehlo.composite
+      "xla.scaled_dot"` on the codes and their E8M0 scales (XLA:GPU makes
+      it a block-scaled GEMM; its decomposition, which XLA:CPU runs, is
+      the dequantized dot); with `mx-form=dequantize`, the dequantized
+      operands feed the original dot (every JAX version).
 
-    `gemm=f8` gives forward operands e4m3fn and gradient operands e5m2: an
-    operand is a gradient when it is derived from the loss cotangent seed
-    (`amp.loss_seed`) or from an argument marked `amp.cotangent`.
-    `gemm=f8e4m3fn` / `gemm=f8e5m2` use that format for every operand.
+    `gemm=f8` gives forward operands e4m3fn and gradient operands e5m2 (not
+    with mxfp8, which is e4m3 throughout): an operand is a gradient when it
+    is derived from the loss cotangent seed (`amp.loss_seed`) or from an
+    argument marked `amp.cotangent`. `gemm=f8e4m3fn` / `gemm=f8e5m2` use
+    that format for every operand.
 
     Eligible: static shapes, no batch dimensions (the linear layers; batched
-    attention products stay in the compute dtype, as in Transformer Engine),
-    and the contracting and free sizes of both operands multiples of 16
-    (cuBLASLt's FP8 requirement). With `report=true` each dot's decision
-    gets a `gemm` entry: its operand formats, or why it is not eligible,
-    with that reason's contract id as `gemm_reason` (`dimensions_unreadable`,
+    attention products stay in the compute dtype, as in Transformer
+    Engine), the contracting and free sizes of both operands multiples of
+    16 (cuBLASLt's FP8 requirement), with mxfp8 a contraction that is a
+    multiple of 32, and an effective size `M*N/(M+N)` of at least
+    `min-size` (the entry points default it to the target's roofline:
+    smaller GEMMs would be slower in FP8, their quantization costing more
+    than FP8 saves). With `report=true` each dot's decision gets a `gemm`
+    entry: its operand formats and scaling, or why it is not eligible, with
+    that reason's contract id as `gemm_reason` (`dimensions_unreadable`,
     `dynamic_shapes`, `batch_dimensions`, `size_not_multiple_of_16`,
-    `both_e5m2`).
+    `both_e5m2`, `contraction_not_multiple_of_32`, `too_small`).
 
     Before (after `amp-insert-converts`):
     ```mlir
@@ -292,8 +314,9 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
     %s = stablehlo.maximum(stablehlo.divide(%a, 448), FLT_MIN)
     %c = stablehlo.clamp %neg_max, stablehlo.divide(%xf32, %s_b), %max
     %q = stablehlo.convert %c : (tensor<32x64xf32>) -> tensor<32x64xf8E4M3FN>
-    %dq = stablehlo.multiply (stablehlo.convert %q -> bf16), %s_bf16_b
-    %d = stablehlo.dot_general %dq, %dqw, contracting_dims = [1] x [0] ...
+    %p = stablehlo.dot_general %q, %qw, contracting_dims = [1] x [0]
+        : (tensor<32x64xf8E4M3FN>, tensor<64x16xf8E4M3FN>) -> tensor<32x16xf32>
+    %d = stablehlo.multiply %p, (broadcast of %s * %sw)
     ```
   }];
   let options = [
@@ -301,10 +324,19 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
            "FP8 operand format: f8 (e4m3fn forward, e5m2 gradients), "
            "f8e4m3fn or f8e5m2">,
     Option<"scaling", "scaling", "std::string", "\"current\"",
-           "Per-tensor scaling: current (amax of this step) or delayed "
-           "(max of an amax history carried as state)">,
+           "How operands are scaled: current or delayed (per tensor, from "
+           "this step's amax or an amax history carried as state), rowwise "
+           "(per row of the non-contracting dimensions) or mxfp8 (E4M3 in "
+           "blocks of 32 along the contraction with E8M0 scales)">,
     Option<"amaxHistory", "amax-history", "int64_t", "16",
            "Length of the amax history with delayed scaling">,
+    Option<"minSize", "min-size", "int64_t", "0",
+           "The least effective size M*N/(M+N) of a GEMM put in FP8 "
+           "(smaller ones would be slower); 0 puts every eligible GEMM in "
+           "FP8">,
+    Option<"mxForm", "mx-form", "std::string", "\"composite\"",
+           "How an mxfp8 GEMM is written: composite (xla.scaled_dot) or "
+           "dequantize (dequantized operands into the original dot)">,
     Option<"report", "report", "bool", "false",
            "Add each dot's FP8 decision to its `amp.decision` attribute">,
   ];

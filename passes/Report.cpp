@@ -46,7 +46,8 @@ llvm::json::Object decisionJson(Operation *op, DictionaryAttr decision) {
       {report_key::kLoc, locationText(op->getLoc())},
   };
   for (llvm::StringRef key :
-       {decision_key::kDetail, decision_key::kGemm, decision_key::kGemmReason})
+       {decision_key::kDetail, decision_key::kGemm, decision_key::kGemmReason,
+        decision_key::kGemmDetail})
     if (!string(key).empty())
       record[key] = string(key);
   for (llvm::StringRef key :

@@ -766,6 +766,18 @@ Value shlo::buildReduceAll(OpBuilder &builder, Location loc, Value value,
   return buildReduce(builder, loc, value, dims, combiner, init);
 }
 
+Operation *shlo::buildComposite(OpBuilder &builder, Location loc,
+                                llvm::StringRef name, ValueRange operands,
+                                Type resultType, DictionaryAttr attributes,
+                                FlatSymbolRefAttr decomposition) {
+  return createOp(
+      builder, loc, opName("composite"), operands, resultType,
+      {builder.getNamedAttr("composite_attributes", attributes),
+       builder.getNamedAttr("decomposition", decomposition),
+       builder.getNamedAttr("name", builder.getStringAttr(name)),
+       builder.getNamedAttr("version", builder.getI32IntegerAttr(0))});
+}
+
 Value shlo::buildBitcastConvert(OpBuilder &builder, Location loc, Value value,
                                 Type resultType) {
   return createOp(builder, loc, opName("bitcast_convert"), value, resultType)

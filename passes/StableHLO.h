@@ -241,6 +241,12 @@ Value buildSlice(OpBuilder &builder, Location loc, Value value,
 /// `stablehlo.concatenate` of `values` along `dimension`.
 Value buildConcatenate(OpBuilder &builder, Location loc, ValueRange values,
                        int64_t dimension);
+/// `stablehlo.composite "name"` of `operands` with `attributes`, which
+/// `decomposition` (a function of the same signature) implements.
+Operation *buildComposite(OpBuilder &builder, Location loc,
+                          llvm::StringRef name, ValueRange operands,
+                          Type resultType, DictionaryAttr attributes,
+                          FlatSymbolRefAttr decomposition);
 /// Builds a `stablehlo.return` (the terminator of StableHLO regions).
 Operation *buildRegionReturn(OpBuilder &builder, Location loc,
                              ValueRange values);

@@ -31,6 +31,22 @@
 // REDUCE-POLICY: amp-opt: error: reduce_dtype='f16' is neither f32 nor the compute dtype of policy p=f32,c=bf16,o=f32 (bf16): use 'f32', 'bf16' or 'compute'
 // REDUCE-POLICY-NEXT: exit=2
 
+// Delayed scaling keeps an amax history that only amp.train_step carries;
+// the other scalings, and a bad one, through their flag.
+// RUN: sh -c 'amp-opt %s --policy p=f32,c=bf16,o=f32,gemm=f8 --fp8-scaling delayed; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=DELAYED
+// DELAYED-NOT: module
+// DELAYED: amp-opt: error: fp8_scaling='delayed' keeps state across steps, which only amp.train_step carries; here use current, rowwise, mxfp8
+// DELAYED-NEXT: exit=2
+// RUN: sh -c 'amp-opt %s --policy p=f32,c=bf16,o=f32,gemm=f8 --fp8-scaling rowise; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=SCALING
+// SCALING: amp-opt: error: unknown fp8_scaling 'rowise' (accepted: current, delayed, rowwise, mxfp8)
+// SCALING-NEXT: exit=2
+// RUN: sh -c 'amp-opt %s --policy p=f32,c=bf16,o=f32,gemm=f8e5m2 --fp8-scaling mxfp8; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=MXE5M2
+// MXE5M2: amp-opt: error: fp8_scaling='mxfp8' stores E4M3 data and policy p=f32,c=bf16,o=f32,gemm=f8e5m2 asks for e5m2 operands: use gemm=f8 or gemm=f8e4m3fn with it
+// MXE5M2-NEXT: exit=2
+// RUN: sh -c 'amp-opt %s --fp8-min-size -1; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=MINSIZE
+// MINSIZE: amp-opt: error: fp8_min_size must be an integer of at least 0, got -1
+// MINSIZE-NEXT: exit=2
+
 // RUN: sh -c 'amp-opt %s --no-such-flag; echo "exit=$?"' 2>&1 | FileCheck %s --check-prefix=FLAG
 // FLAG: amp-opt: error: unrecognized arguments: --no-such-flag
 // FLAG-NEXT: exit=2

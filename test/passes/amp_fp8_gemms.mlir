@@ -14,7 +14,7 @@
 // RUN: not amp-opt %t/main.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{scaling=delayed amax-history=0})' 2>&1 | FileCheck %s --check-prefix=BADHISTORY
 
 // BADGEMM: error: invalid option 'gemm': 'bf16' is not an FP8 format (accepted: f8, f8e4m3fn, f8e5m2)
-// BADSCALING: error: invalid option 'scaling': unknown value 'late' (accepted: current, delayed)
+// BADSCALING: error: invalid option 'scaling': unknown fp8_scaling 'late' (accepted: current, delayed, rowwise, mxfp8)
 // BADHISTORY: error: invalid option 'amax-history': must be at least 1, got 0
 
 // Without amp-insert-converts there is no decision to add the FP8 one to.
@@ -150,7 +150,7 @@ func.func public @not_eligible(%x: tensor<30x64xbf16>, %w: tensor<64x16xbf16>, %
 
 // REPORT-LABEL: func.func public @main(
 // REPORT: stablehlo.dot_general {{.*}}amp.decision = {fp8 = 0 : i64, gemm = "f8e4m3fn x f8e4m3fn, current scaling", group = 0 : i64, precision = "low", reason = "matrix_multiply"}
-// REPORT: stablehlo.dot_general {{.*}}amp.decision = {gemm = "not eligible: a size is not a multiple of 16 (cuBLASLt's FP8 requirement) (shape 30x64 * 64x16)", gemm_reason = "size_not_multiple_of_16", group = 1 : i64, precision = "low", reason = "matrix_multiply"}
+// REPORT: stablehlo.dot_general {{.*}}amp.decision = {gemm = "not eligible: a size is not a multiple of 16 (cuBLASLt's FP8 requirement) (shape 30x64 * 64x16)", gemm_detail = "shape 30x64 * 64x16", gemm_reason = "size_not_multiple_of_16", group = 1 : i64, precision = "low", reason = "matrix_multiply"}
 func.func public @main(%x: tensor<32x64xf32>, %w: tensor<64x16xf32>, %y: tensor<30x64xf32>) -> (tensor<32x16xf32>, tensor<30x16xf32>) {
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x64xf32>, tensor<64x16xf32>) -> tensor<32x16xf32>
   %1 = stablehlo.dot_general %y, %w, contracting_dims = [1] x [0] : (tensor<30x64xf32>, tensor<64x16xf32>) -> tensor<30x16xf32>

@@ -59,7 +59,8 @@ def test_every_fp8_ineligibility_has_an_id_and_a_text():
   reasons = contract.document()["decisions"]["fp8_reasons"]
   assert set(reasons) == {"dimensions_unreadable", "dynamic_shapes",
                           "batch_dimensions", "size_not_multiple_of_16",
-                          "both_e5m2"}
+                          "both_e5m2", "contraction_not_multiple_of_32",
+                          "too_small"}
   assert all(contract.fp8_reason_text(r) for r in reasons)
 
 
@@ -253,7 +254,8 @@ def test_no_function_in_passes_is_longer_than_about_100_lines():
 def _schema_program(x, w, v, w2):
   """Writes every decision key: a sum reduction kept f32 (`detail`), a
   lowered dot (`group`), exp stored in bf16 across a dot (`stored`), an FP8
-  dot (`gemm`, `fp8`) and one whose 30 rows keep it bf16 (`gemm_reason`)."""
+  dot (`gemm`, `fp8`) and one whose 30 rows keep it bf16 (`gemm_reason`,
+  `gemm_detail`)."""
   h = jnp.exp(x @ w) * (x @ w2)
   return h.sum() + (v @ w).sum()
 
@@ -276,8 +278,8 @@ def report_json() -> str:
 
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(report_module.Report, "from_json", classmethod(capture))
-    amp.transform(_schema_program, _SCHEMA_POLICY,
-                  target="gpu").lower(*_SCHEMA_ARGS).report()
+    amp.transform(_schema_program, _SCHEMA_POLICY, target="gpu",
+                  fp8_min_size=0).lower(*_SCHEMA_ARGS).report()
   assert len(captured) == 1
   return captured[0]
 
@@ -312,7 +314,7 @@ def test_the_decision_attribute_has_exactly_the_keys_of_the_contract():
   extension's report turns them into JSON."""
   text = jax.jit(_schema_program).lower(*_SCHEMA_ARGS).as_text()
   policy = amp.Policy.parse(_SCHEMA_POLICY)
-  options = pl.RewriteOptions.make(target="gpu")
+  options = pl.RewriteOptions.make(target="gpu", fp8_min_size=0)
   context = pl.ir_context()
   with context:
     module = pl.parse_module(text, context, "<schema>", pl.SourceForm())

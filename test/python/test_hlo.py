@@ -326,6 +326,63 @@ ENTRY %main.6 (a.1: f8e4m3fn[16,64], b.1: f8e4m3fn[32,64], a_scale.1: f32[], b_s
 }
 """
 
+# XLA:GPU: the xla.scaled_dot composite became a block-scaled GEMM (a
+# scaled-dot in a Triton GEMM fusion) that keeps no marker; the lhs's E8M0
+# scale, made by another fusion, carries it into the GEMM.
+FP8_BLOCK_SCALED = """\
+HloModule jit_step, entry_computation_layout={(f8e4m3fn[16,64]{1,0}, f8e4m3fn[32,64]{1,0}, f32[16,2]{1,0}, f8e8m0fnu[32,2]{1,0})->f32[16,32]{1,0}}
+
+%scale_computation (param_0: f32[16,2]) -> f8e8m0fnu[16,2] {
+  %param_0 = f32[16,2]{1,0} parameter(0)
+  ROOT %convert.1 = f8e8m0fnu[16,2]{1,0} convert(%param_0), frontend_attributes={amp_fp8="0"}
+}
+
+%gemm_computation (parameter_0: f8e4m3fn[16,64], parameter_1: f8e4m3fn[32,64], parameter_2: f8e8m0fnu[16,2], parameter_3: f8e8m0fnu[32,2]) -> f32[16,32] {
+  %parameter_0 = f8e4m3fn[16,64]{1,0} parameter(0)
+  %parameter_1 = f8e4m3fn[32,64]{1,0} parameter(1)
+  %parameter_2 = f8e8m0fnu[16,2]{1,0} parameter(2)
+  %parameter_3 = f8e8m0fnu[32,2]{1,0} parameter(3)
+  ROOT %scaled-dot.1 = f32[16,32]{1,0} scaled-dot(%parameter_0, %parameter_1, %parameter_2, %parameter_3), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+}
+
+ENTRY %main.7 (a.1: f8e4m3fn[16,64], b.1: f8e4m3fn[32,64], s.1: f32[16,2], t.1: f8e8m0fnu[32,2]) -> f32[16,32] {
+  %a.1 = f8e4m3fn[16,64]{1,0} parameter(0)
+  %b.1 = f8e4m3fn[32,64]{1,0} parameter(1)
+  %s.1 = f32[16,2]{1,0} parameter(2)
+  %t.1 = f8e8m0fnu[32,2]{1,0} parameter(3)
+  %scale_fusion = f8e8m0fnu[16,2]{1,0} fusion(%s.1), kind=kLoop, calls=%scale_computation
+  ROOT %gemm_fusion = f32[16,32]{1,0} fusion(%a.1, %b.1, %scale_fusion, %t.1), kind=kCustom, calls=%gemm_computation
+}
+"""
+
+# The same scale read by no block-scaled GEMM: the decision did not survive
+# as one.
+FP8_BLOCK_SCALE_UNREAD = FP8_BLOCK_SCALED.replace(
+    "scaled-dot(%parameter_0, %parameter_1, %parameter_2, %parameter_3), "
+    "lhs_contracting_dims={1}, rhs_contracting_dims={1}",
+    "add(%parameter_0, %parameter_0)").replace(
+        "ROOT %scaled-dot.1 = f32[16,32]{1,0}",
+        "ROOT %scaled-dot.1 = f8e4m3fn[16,64]{1,0}")
+
+# MXFP8 dequantized (XLA:CPU): the marked lhs is FP8 codes widened, times
+# their scales, into a dot.
+FP8_DEQUANTIZED = _FP8_HEADER + """\
+%fused_computation.9 (param_0.9: f8e4m3fn[16,64], param_1.9: f32[16,64]) -> f32[16,64] {
+  %param_0.9 = f8e4m3fn[16,64]{1,0} parameter(0)
+  %param_1.9 = f32[16,64]{1,0} parameter(1)
+  %convert.9 = f32[16,64]{1,0} convert(%param_0.9)
+  ROOT %multiply.9 = f32[16,64]{1,0} multiply(%convert.9, %param_1.9), frontend_attributes={amp_fp8="0"}
+}
+
+ENTRY %main.9 (a.1: f8e4m3fn[16,64], s.1: f32[16,64], b.1: f32[64,32]) -> f32[16,32] {
+  %a.1 = f8e4m3fn[16,64]{1,0} parameter(0)
+  %s.1 = f32[16,64]{1,0} parameter(1)
+  %b.1 = f32[64,32]{1,0} parameter(2)
+  %dequantize_fusion = f32[16,64]{1,0} fusion(%a.1, %s.1), kind=kLoop, calls=%fused_computation.9
+  ROOT %dot.9 = f32[16,32]{1,0} dot(%dequantize_fusion, %b.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
 _TRITON_CONFIG = ('backend_config={"operation_queue_id":"0","wait_on_operation'
                   '_queues":[],"fusion_backend_config":{"kind":"__triton_gemm",'
                   '"triton_gemm_config":{"block_m":"16","block_n":"32","block_k"'
@@ -577,6 +634,9 @@ CASES = [
     Case("fp8-cublaslt", FP8_CUBLASLT, {}, {0: FP8_GEMM}),
     Case("fp8-triton", FP8_TRITON, {}, {0: FP8_GEMM}),
     Case("fp8-triton-split-k", FP8_TRITON_SPLIT_K, {}, {0: FP8_GEMM}),
+    Case("fp8-block-scaled", FP8_BLOCK_SCALED, {}, {0: FP8_GEMM}),
+    Case("fp8-block-scale-unread", FP8_BLOCK_SCALE_UNREAD, {}, {0: UPCAST}),
+    Case("fp8-dequantized", FP8_DEQUANTIZED, {}, {0: EMULATED}),
     Case("spmd-all-gathered", SPMD_ALL_GATHERED,
          {0: KEPT, 1: KEPT, 2: KEPT}, {}),
     Case("spmd-widened-for-all-gather", SPMD_WIDENED_FOR_ALL_GATHER,
@@ -731,6 +791,58 @@ def test_kernels_count_entry_instructions_with_array_results_that_work():
   # constant, bitcast, get-tuple-element, tuple, opt-barrier, nor the
   # tuple-shaped GEMM call.
   assert hlo.Module.parse(KERNELS).kernels() == 4
+
+
+KERNEL_KINDS = """\
+HloModule jit_step, entry_computation_layout={(f32[8,8]{1,0})->f32[8,8]{1,0}}
+
+%max (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %maximum.1 = f32[] maximum(%a, %b)
+}
+
+%amax_computation (param_0: f32[8,8]) -> f32[8] {
+  %param_0 = f32[8,8]{1,0} parameter(0)
+  %abs.1 = f32[8,8]{1,0} abs(%param_0)
+  %zero = f32[] constant(0)
+  ROOT %reduce.1 = f32[8]{0} reduce(%abs.1, %zero), dimensions={1}, to_apply=%max
+}
+
+%quantize_computation (param_0: f32[8,8]) -> f8e4m3fn[8,8] {
+  %param_0 = f32[8,8]{1,0} parameter(0)
+  ROOT %convert.1 = f8e4m3fn[8,8]{1,0} convert(%param_0)
+}
+
+%gemm_computation (param_0: f8e4m3fn[8,8], param_1: f8e4m3fn[8,8]) -> f32[8,8] {
+  %param_0 = f8e4m3fn[8,8]{1,0} parameter(0)
+  %param_1 = f8e4m3fn[8,8]{1,0} parameter(1)
+  ROOT %dot.1 = f32[8,8]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%scale_computation (param_0: f32[8,8], param_1: f32[8]) -> f32[8,8] {
+  %param_0 = f32[8,8]{1,0} parameter(0)
+  %param_1 = f32[8]{0} parameter(1)
+  %broadcast.1 = f32[8,8]{1,0} broadcast(%param_1), dimensions={0}
+  ROOT %multiply.1 = f32[8,8]{1,0} multiply(%param_0, %broadcast.1)
+}
+
+ENTRY %main.2 (p.1: f32[8,8]) -> f32[8,8] {
+  %p.1 = f32[8,8]{1,0} parameter(0)
+  %amax.1 = f32[8]{0} fusion(%p.1), kind=kInput, calls=%amax_computation
+  %quantize.1 = f8e4m3fn[8,8]{1,0} fusion(%p.1), kind=kLoop, calls=%quantize_computation
+  %gemm.1 = f32[8,8]{1,0} fusion(%quantize.1, %quantize.1), kind=kCustom, calls=%gemm_computation
+  ROOT %scale.1 = f32[8,8]{1,0} fusion(%gemm.1, %amax.1), kind=kLoop, calls=%scale_computation
+}
+"""
+
+
+def test_kernel_kinds_tell_gemms_fp8_quantization_and_the_rest_apart():
+  assert hlo.Module.parse(KERNEL_KINDS).kernel_kinds() == {
+      "gemm": 1, "fp8_quantize": 2, "other": 1}
+  # The GEMM call of KERNELS returns a tuple (no kernel of its own here).
+  assert hlo.Module.parse(KERNELS).kernel_kinds() == {
+      "gemm": 0, "fp8_quantize": 0, "other": 4}
 
 
 def test_reads_what_xla_cpu_prints():

@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
       policy = Policy.parse(
           args.policy if args.policy is not None else
           contract.default(contract.INSERT_CONVERTS, "policy"))
+      pl.check_stateless_values(_option_values(args))
       options = pl.RewriteOptions.make(**_option_values(args))
       options.check_policy(policy)
   except (ValueError, TypeError) as error:

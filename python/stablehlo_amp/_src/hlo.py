@@ -520,6 +520,43 @@ class Module:
         total[key] = total.get(key, 0) + array.nbytes
     return total
 
+  def kernel_kinds(self) -> dict[str, int]:
+    """The kernels of `kernels()` by what they run: `gemm` (a GEMM fusion
+    or call: a dot or scaled-dot inside, or a cuBLAS call), `fp8_quantize`
+    (a fusion that converts to an 8-bit float or takes an amax: a max of
+    absolute values) and `other`."""
+    kinds = {"gemm": 0, "fp8_quantize": 0, "other": 0}
+    for ins in self.entry.instructions:
+      if ins.shape.is_tuple or ins.opcode in _NOT_KERNELS:
+        continue
+      opcodes, dtypes = self._contents(ins)
+      target = (ins.custom_call_target or "").lower()
+      if ({"dot", "scaled-dot"} & opcodes or
+          any(word in target for word in ("gemm", "matmul", "cublas"))):
+        kinds["gemm"] += 1
+      elif (any(is_fp8(d) for d in dtypes) or
+            {"reduce", "abs"} <= opcodes):
+        kinds["fp8_quantize"] += 1
+      else:
+        kinds["other"] += 1
+    return kinds
+
+  def _contents(self, ins: Instruction, depth: int = 0
+                ) -> tuple[set[str], set[str]]:
+    """The opcodes `ins` runs (itself and, through the computations it
+    calls, theirs) and the dtypes its converts write."""
+    opcodes = {ins.opcode}
+    dtypes = ({ins.shape.dtype} if ins.opcode == "convert" and
+              not ins.shape.is_tuple else set())
+    if depth < 8:
+      for name in ins.calls:
+        body = self.computations.get(name)
+        for inner in body.instructions if body else ():
+          more, written = self._contents(inner, depth + 1)
+          opcodes |= more
+          dtypes |= written
+    return opcodes, dtypes
+
   def kernels(self) -> int:
     """Instructions of ENTRY that run work on the device (fusions, copies,
     GEMM calls...): a proxy for launches and scheduling freedom where no

@@ -442,3 +442,13 @@ def cpu_storage_compiler_options() -> dict:
   except Exception:  # an XLA without the option rejects it  # noqa: BLE001
     return {}
   return dict(_CPU_STORAGE_OPTIONS)
+
+
+def mx_form(target: str) -> str:
+  """How amp-fp8-gemms writes an MXFP8 GEMM for `target` under this JAX:
+  on gpu the ``xla.scaled_dot`` composite where JAX has
+  `jax.lax.scaled_dot` (0.9.1 on: its XLA makes it a block-scaled GEMM),
+  else dequantized operands (XLA:CPU would only run the composite's
+  decomposition, the same dot)."""
+  return ("composite" if target == "gpu" and hasattr(jax.lax, "scaled_dot")
+          else "dequantize")

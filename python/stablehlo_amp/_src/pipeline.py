@@ -98,14 +98,33 @@ def accepted_options(stateful: bool) -> list[str]:
           if not spec["internal"] and (stateful or not spec["stateful"])]
 
 
-def check_option_names(given: Iterable[str], stateful: bool) -> None:
+def check_option_names(given: Iterable[str] | Mapping[str, Any],
+                       stateful: bool) -> None:
   """TypeError naming the keywords that are none of the rewrite options an
-  entry point takes (`stateful`: one that carries state across steps)."""
+  entry point takes (`stateful`: one that carries state across steps);
+  ValueError for a value that needs that state (``fp8_scaling="delayed"``)
+  where the entry point carries none."""
   accepted = accepted_options(stateful)
   unknown = sorted(set(given) - set(accepted))
   if unknown:
     raise TypeError(unknown_options_message(
         unknown, accepted, accepted_options(stateful=True)))
+  if not stateful and isinstance(given, Mapping):
+    check_stateless_values(given)
+
+
+def check_stateless_values(given: Mapping[str, Any]) -> None:
+  """ValueError for an option value that configures state across steps
+  (the contract's ``stateful_value``), given to an entry point that
+  carries none."""
+  for name, value in given.items():
+    spec = contract.options().get(name, {})
+    needs_state = spec.get("stateful_value")
+    if needs_state and isinstance(value, str) and value.strip() == needs_state:
+      others = [c for c in spec.get("choices", ()) if c != needs_state]
+      raise ValueError(
+          f"{name}={value!r} keeps state across steps, which only "
+          f"amp.train_step carries; here use {', '.join(others)}")
 
 
 def options_help(stateful: bool, indent: int = 0) -> str:
@@ -168,7 +187,13 @@ class RewriteOptions:
     a dtype that is not f32 nor the compute dtype (the pass's own check,
     made before anything is traced)."""
     reduce = self.reduce_dtype
-    compute = dtype_name(as_policy(policy).compute_dtype)
+    policy = as_policy(policy)
+    if (self.fp8_scaling == contract.values("fp8_scaling").mxfp8 and
+        policy.gemm == contract.values("gemm").f8e5m2):
+      raise ValueError(
+          f"fp8_scaling='mxfp8' stores E4M3 data and policy {policy} asks "
+          "for e5m2 operands: use gemm=f8 or gemm=f8e4m3fn with it")
+    compute = dtype_name(policy.compute_dtype)
     named = contract.values("reduce_dtype")
     if reduce not in (named.f32, named.compute, compute):
       raise ValueError(
@@ -272,7 +297,7 @@ def build_pipeline(policy: Policy, options: RewriteOptions, *,
   if policy.gemm != contract.values("gemm").compute and not identity:
     passes.append(_pass_text(contract.FP8_GEMMS, dict(
         gemm=policy.gemm, **options.pass_options(contract.FP8_GEMMS),
-        report=report)))
+        mx_form=jax_compat.mx_form(options.target), report=report)))
   if options.runs(contract.REMATERIALIZE) and not identity:
     passes.append(_pass_text(contract.REMATERIALIZE,
                              options.pass_options(contract.REMATERIALIZE)))

@@ -70,6 +70,7 @@ class OpDecision:
   stored: bool = False      # its result is stored in the compute dtype
   gemm: str = ""            # FP8 operand formats, or why not FP8
   gemm_reason_id: str = ""  # why not FP8, as the contract's id
+  gemm_detail: str = ""     # this GEMM's detail of why (its sizes)
   # The indices of its survival markers (the stored value's rounding, the
   # FP8 dot) in the program XLA compiles: see `Report.with_compiled`.
   stored_index: int | None = None
@@ -192,6 +193,7 @@ class Report:
                    detail=d.get(k.detail, ""), group=d.get(k.group),
                    stored=k.stored in d, gemm=d.get(k.gemm, ""),
                    gemm_reason_id=d.get(k.gemm_reason, ""),
+                   gemm_detail=d.get(k.gemm_detail, ""),
                    stored_index=d.get(k.stored), fp8_index=d.get(k.fp8))
         for d in data[_KEY.ops])
     return cls(policy, level, target, decisions,
@@ -380,8 +382,14 @@ class Report:
     ineligible = collections.Counter(
         d.gemm_reason_id for d in self.decisions if d.gemm_reason_id)
     for reason_id, n in ineligible.most_common():
-      lines.append(f"  kept in {compute}, not FP8: "
-                   f"{contract.fp8_reason_text(reason_id)}: {_ops(n)}")
+      text = contract.fp8_reason_text(reason_id)
+      lines.append(f"  kept in {compute}, not FP8: {text}: {_ops(n)}")
+      # Each GEMM's own detail (its sizes).
+      details = collections.Counter(
+          d.gemm_detail for d in self.decisions
+          if d.gemm_reason_id == reason_id and d.gemm_detail)
+      lines += [f"    {detail}: {_ops(count)}"
+                for detail, count in details.most_common()]
     unchanged = self.unchanged
     if unchanged:
       lines.append(f"  left as they are (no f32 values, or already low "

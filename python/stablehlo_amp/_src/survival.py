@@ -128,9 +128,18 @@ class _Program:
   def is_fp8_gemm(self, computation: hlo.Computation,
                   ins: hlo.Instruction) -> bool:
     """A dot whose operands are FP8, or a cuBLASLt FP8 GEMM call; a
-    reduction of one (XLA's split-K GEMM adds up partial products)."""
+    reduction of one (XLA's split-K GEMM adds up partial products); an
+    MXFP8 GEMM's E8M0 scale that a block-scaled GEMM (`scaled-dot`) reads
+    (XLA turns the `xla.scaled_dot` composite into one and keeps no marker
+    of its own on it: amp-fp8-gemms marks the lhs's scale too)."""
     if ins.opcode == "custom-call":
       return "f8" in (ins.custom_call_target or "")
+    if ins.opcode == "scaled-dot":
+      shapes = [s for s in computation.operand_shapes(ins)[:2]
+                if s is not None]
+      return bool(shapes) and all(_is_fp8(s) for s in shapes)
+    if not ins.shape.is_tuple and ins.shape.dtype == "f8e8m0fnu":
+      return self._reaches(computation, ins, "scaled-dot")
     if ins.opcode == "dot":
       shapes = [s for s in computation.operand_shapes(ins) if s is not None]
       return bool(shapes) and all(_is_fp8(s) for s in shapes)
@@ -149,14 +158,43 @@ class _Program:
     if ins.opcode == "dot":
       return bool(ins.operands) and all(
           self._from_fp8(computation, o) for o in ins.operands)
+    # An MXFP8 scale is no operand: kept only where a block-scaled GEMM
+    # reads it (is_fp8_gemm).
+    if not ins.shape.is_tuple and ins.shape.dtype == "f8e8m0fnu":
+      return False
     # XLA:CPU widens the dot's operands with converts that carry the dot's
     # attributes; an FP8 value widened is the FP8 rounding kept.
     return self._from_fp8(computation, ins.name)
 
+  def _reaches(self, computation: hlo.Computation, ins: hlo.Instruction,
+               opcode: str, depth: int = 0) -> bool:
+    """Whether the value of `ins` is read by an `opcode` instruction:
+    through views, into fusions (their parameters) and out of them (a
+    fusion's root is the fusion's value in its callers)."""
+    if depth > 32:
+      return False
+    for user, operand in _view_users(computation, ins):
+      if user.opcode == opcode:
+        return True
+      body = self._body(user)
+      if body is None:
+        continue
+      for parameter in body[0].instructions:
+        number = parameter.parameter_number
+        if (number is not None and number < len(user.operands) and
+            user.operands[number] == operand and
+            self._reaches(body[0], parameter, opcode, depth + 1)):
+          return True
+    if _under_views(computation, computation.root) is ins:
+      return any(self._reaches(caller, fusion, opcode, depth + 1)
+                 for caller, fusion in self.callers.get(computation.name, ()))
+    return False
+
   def _from_fp8(self, computation: hlo.Computation, name: str,
                 depth: int = 0) -> bool:
     """Whether value `name` is an FP8 value, or one converted (or viewed)
-    from one, through fusion parameters and fusions."""
+    from one, or such a value times its scale (MXFP8 dequantized), through
+    fusion parameters and fusions."""
     ins = computation.get(name)
     if ins is None or depth > 32:
       return False
@@ -164,6 +202,9 @@ class _Program:
       return True
     if ins.opcode in _VIEWS + ("convert",) and ins.operands:
       return self._from_fp8(computation, ins.operands[0], depth + 1)
+    if ins.opcode == "multiply" and ins.operands:
+      return any(self._from_fp8(computation, o, depth + 1)
+                 for o in ins.operands)
     if ins.parameter_number is not None:
       return any(self._from_fp8(caller, fusion.operands[ins.parameter_number],
                                 depth + 1)
