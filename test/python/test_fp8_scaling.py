@@ -19,6 +19,7 @@ import optax
 import pytest
 
 import stablehlo_amp as amp
+from bench import fp8 as fp8_bench
 from stablehlo_amp._src import jax_compat
 
 F8 = "p=f32,c=bf16,o=f32,gemm=f8"
@@ -55,16 +56,10 @@ def mx_dequantize(codes: np.ndarray, scale: np.ndarray,
 
 def _outliers(seed: int, m: int = 256, k: int = 1024, n: int = 256):
   """Activations with outlier rows (2 rows 3000x the rest) and channels (8
-  channels 30x), as in LLMs, and a weight N(0, 1/k): the issue's NumPy
-  emulation (seed 0: per-tensor 0.085, rowwise 0.033, MXFP8 0.037)."""
-  rng = np.random.default_rng(seed)
-  x = rng.standard_normal((m, k)).astype(np.float32)
-  rows = rng.choice(m, 2, replace=False)
-  x[rows] *= 3000
-  x[:, rng.choice(k, 8, replace=False)] *= 30
-  w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-  ordinary = np.ones(m, bool)
-  ordinary[rows] = False
+  channels 30x), as in LLMs, a weight N(0, 1/k), and which rows are
+  ordinary: bench/fp8.py's GEMM (seed 0 is the issue's NumPy emulation:
+  per-tensor 0.085, rowwise 0.033, MXFP8 0.037)."""
+  x, w, _, ordinary = fp8_bench.outlier_data(seed, m, k, n)
   return x, w, ordinary
 
 
