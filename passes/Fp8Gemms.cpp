@@ -381,23 +381,21 @@ Fp8GemmsPass::Quantized Fp8GemmsPass::quantizeRows(
   auto op = [&](llvm::StringRef name, ValueRange operands) {
     return shlo::buildElementwise(builder, loc, name, operands);
   };
-  Value amax = shlo::buildReduce(builder, loc, op("abs", {wide}), reduced,
-                                 "maximum", 0.0);
-  auto scaleType = cast<RankedTensorType>(amax.getType());
-  auto splat = [&](double v) {
-    return shlo::buildBroadcastScalar(
-        builder, loc, shlo::buildScalar(builder, loc, f32, v), scaleType);
-  };
-  // The scale (for the product) and its inverse (for quantizing) share no
-  // op but the amax, so XLA fuses each into its reader instead of
-  // launching a kernel for a shared scale vector. Bounds keep an all-zero
-  // row's scale finite and non-zero.
-  Value inverse = op("minimum", {op("divide", {splat(fmax), amax}),
-                                 splat(1.0 / FLT_MIN)});
-  Value scale = op("maximum", {op("divide", {amax, splat(fmax)}),
-                               splat(FLT_MIN)});
-  Value scaled = op("multiply", {wide, shlo::buildBroadcastInDim(
-                                           builder, loc, inverse, type, kept)});
+  // scale = max(amax / fmax, FLT_MIN) as one reduction: the max of
+  // |x| / fmax (rounding is monotonic: the same value) from FLT_MIN. Its
+  // readers (the quantize, the product's scaling) take it as it is, so XLA
+  // fuses no elementwise kernel of its own for it.
+  Value magnitudes = op("multiply",
+                        {op("abs", {wide}),
+                         shlo::buildBroadcastScalar(
+                             builder, loc,
+                             shlo::buildScalar(builder, loc, f32, 1.0 / fmax),
+                             type)});
+  Value scale = shlo::buildReduce(builder, loc, magnitudes, reduced,
+                                  "maximum", FLT_MIN);
+  auto scaleType = cast<RankedTensorType>(scale.getType());
+  Value scaled = op("divide", {wide, shlo::buildBroadcastInDim(
+                                         builder, loc, scale, type, kept)});
   Value clamped = shlo::buildClamp(
       builder, loc, shlo::buildScalar(builder, loc, f32, -fmax), scaled,
       shlo::buildScalar(builder, loc, f32, fmax));

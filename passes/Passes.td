@@ -263,10 +263,9 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
       FP8 (the clamp saturates: no value becomes inf or NaN);
     - `rowwise`: one amax per row, over the operand's contracting
       dimensions (the backward pass's dots, being dots of their own,
-      re-quantize along their own contraction); `q = convert(clamp(-fmax,
-      x * min(fmax / amax, 1 / FLT_MIN), fmax))` and the scale
-      `max(amax / fmax, FLT_MIN)`, computed apart so that XLA fuses each
-      into its reader;
+      re-quantize along their own contraction), the scale taken as one
+      reduction, the max of `|x| / fmax` from `FLT_MIN` (so that XLA makes
+      no kernel for an elementwise step between the amax and its readers);
     - the FP8 values feed the dot directly (XLA's simplify-fp-conversions
       would fold any convert chain between them), which accumulates in f32
       and is multiplied by the scales, broadcast along the result's rows

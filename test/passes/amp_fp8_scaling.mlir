@@ -20,22 +20,19 @@
 
 //--- dot.mlir
 
-// Rowwise: the lhs's amax per row (over its contracting dimension 1), the
-// rhs's per column (over dimension 0); the codes are x times 448 / amax,
-// the scale amax / 448 (apart: XLA fuses each into its reader); the FP8
-// dot's f32 result times the rows' scales, then the columns'.
+// Rowwise: the lhs's scale per row, the max over its contracting dimension
+// 1 of |x| / 448 from FLT_MIN (one reduction, no elementwise step after
+// it); the rhs's per column (over dimension 0); the FP8 dot's f32 result
+// times the rows' scales, then the columns'.
 // ROWWISE-LABEL: func.func public @main
 // ROWWISE: %[[X:.*]] = stablehlo.convert %arg0 : (tensor<32x64xbf16>) -> tensor<32x64xf32>
-// ROWWISE: %[[AX:.*]] = stablehlo.reduce(%{{.*}} init: %{{.*}}) applies stablehlo.maximum across dimensions = [1] : (tensor<32x64xf32>, tensor<f32>) -> tensor<32xf32>
-// ROWWISE: %[[INV:.*]] = stablehlo.divide %{{.*}}, %[[AX]] : tensor<32xf32>
-// ROWWISE: %[[IX:.*]] = stablehlo.minimum %[[INV]], %{{.*}} : tensor<32xf32>
-// ROWWISE: %[[D:.*]] = stablehlo.divide %[[AX]], %{{.*}} : tensor<32xf32>
-// ROWWISE: %[[SX:.*]] = stablehlo.maximum %[[D]], %{{.*}} : tensor<32xf32>
-// ROWWISE: %[[IXB:.*]] = stablehlo.broadcast_in_dim %[[IX]], dims = [0] : (tensor<32xf32>) -> tensor<32x64xf32>
-// ROWWISE: stablehlo.multiply %[[X]], %[[IXB]] : tensor<32x64xf32>
+// ROWWISE: %[[M:.*]] = stablehlo.multiply %{{.*}}, %{{.*}} : tensor<32x64xf32>
+// ROWWISE: %[[FLOOR:.*]] = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+// ROWWISE: %[[SX:.*]] = stablehlo.reduce(%[[M]] init: %[[FLOOR]]) applies stablehlo.maximum across dimensions = [1] : (tensor<32x64xf32>, tensor<f32>) -> tensor<32xf32>
+// ROWWISE: %[[SXB:.*]] = stablehlo.broadcast_in_dim %[[SX]], dims = [0] : (tensor<32xf32>) -> tensor<32x64xf32>
+// ROWWISE: stablehlo.divide %[[X]], %[[SXB]] : tensor<32x64xf32>
 // ROWWISE: %[[QX:.*]] = stablehlo.convert %{{.*}} : (tensor<32x64xf32>) -> tensor<32x64xf8E4M3FN>
-// ROWWISE: stablehlo.reduce(%{{.*}} init: %{{.*}}) applies stablehlo.maximum across dimensions = [0] : (tensor<64x16xf32>, tensor<f32>) -> tensor<16xf32>
-// ROWWISE: %[[SW:.*]] = stablehlo.maximum %{{.*}}, %{{.*}} : tensor<16xf32>
+// ROWWISE: %[[SW:.*]] = stablehlo.reduce(%{{.*}} init: %{{.*}}) applies stablehlo.maximum across dimensions = [0] : (tensor<64x16xf32>, tensor<f32>) -> tensor<16xf32>
 // ROWWISE: %[[QW:.*]] = stablehlo.convert %{{.*}} : (tensor<64x16xf32>) -> tensor<64x16xf8E4M3FN>
 // ROWWISE: %[[P:.*]] = stablehlo.dot_general %[[QX]], %[[QW]], contracting_dims = [1] x [0] {mhlo.frontend_attributes = {amp_fp8 = "0"}} : (tensor<32x64xf8E4M3FN>, tensor<64x16xf8E4M3FN>) -> tensor<32x16xf32>
 // ROWWISE-NEXT: %[[R:.*]] = stablehlo.broadcast_in_dim %[[SX]], dims = [0] : (tensor<32xf32>) -> tensor<32x16xf32>
