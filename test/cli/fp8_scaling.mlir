@@ -1,8 +1,7 @@
 // amp-opt's FP8 scaling flags: rowwise scales per row and column; mxfp8 is
-// the xla.scaled_dot composite for target gpu (under a JAX that has
-// jax.lax.scaled_dot) and a dot of dequantized operands for target cpu; the
-// shape filter of target gpu keeps this small GEMM out of FP8, and says why,
-// unless --fp8-min-size 0.
+// a dot of dequantized operands for target cpu (for gpu:
+// fp8_mxfp8_gpu.mlir); the shape filter of target gpu keeps this small GEMM
+// out of FP8, and says why, unless --fp8-min-size 0.
 
 // RUN: amp-opt %s --target gpu --fp8-min-size 0 --policy p=f32,c=bf16,o=f32,gemm=f8 --fp8-scaling rowwise | FileCheck %s --check-prefix=ROWWISE
 // ROWWISE: stablehlo.reduce({{.*}}) applies stablehlo.maximum across dimensions = [1] : (tensor<32x64xf32>, tensor<f32>) -> tensor<32xf32>
@@ -13,10 +12,6 @@
 // MXCPU-NOT: composite
 // MXCPU: stablehlo.convert {{.*}} -> tensor<32x2x32xf8E4M3FN>
 // MXCPU: stablehlo.dot_general {{.*}} : (tensor<32x64xbf16>, tensor<16x64xbf16>) -> tensor<32x16xf32>
-
-// RUN: amp-opt %s --target gpu --fp8-min-size 0 --policy p=f32,c=bf16,o=f32,gemm=f8 --fp8-scaling mxfp8 | FileCheck %s --check-prefix=MXGPU
-// MXGPU: stablehlo.composite "xla.scaled_dot"
-// MXGPU: func.func private @xla.scaled_dot
 
 // RUN: amp-opt %s --target gpu --policy p=f32,c=bf16,o=f32,gemm=f8 --report -o %t.mlir 2>&1 | FileCheck %s --check-prefix=SMALL
 // SMALL: kept in bf16, not FP8: too small: quantizing its operands would cost more than FP8 saves (fp8_min_size): 1 op
