@@ -883,6 +883,7 @@ std::string mlir::amp::contractJson() {
       {"inserted", attr::kInserted},
       {"stored_marker", attr::kStoredMarker},
       {"fp8_marker", attr::kFp8Marker},
+      {"scaled_dot_composite", attr::kScaledDotComposite},
   };
   llvm::json::Object contract{
       {"policy", policyJson()},

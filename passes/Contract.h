@@ -77,6 +77,11 @@ inline constexpr llvm::StringLiteral kInserted = "amp.inserted";
 /// program can be checked for them (`mhlo.frontend_attributes`).
 inline constexpr llvm::StringLiteral kStoredMarker = "amp_stored";
 inline constexpr llvm::StringLiteral kFp8Marker = "amp_fp8";
+/// The composite amp-fp8-gemms writes an MXFP8 GEMM as (`mx-form=composite`,
+/// what `jax.lax.scaled_dot` emits), also the name of the private function
+/// that decomposes it. XLA cannot partition it: the driver rebuilds a
+/// program holding one for a partitioned lowering.
+inline constexpr llvm::StringLiteral kScaledDotComposite = "xla.scaled_dot";
 } // namespace attr
 
 //===----------------------------------------------------------------------===//

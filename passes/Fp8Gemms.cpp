@@ -166,7 +166,11 @@ public:
 private:
   GemmDtype format = GemmDtype::F8;
   Fp8Scaling scalingMode = Fp8Scaling::Current;
+  /// What `mx-form` asks for, and what this module gets: XLA (as of JAX
+  /// 0.10) cannot partition the composite, so a program XLA's SPMD
+  /// partitioner splits gets the dequantized form.
   bool mxComposite = true;
+  bool writeComposite = true;
   std::string optionError;
 
   OperandPlan planOperand(Value operand,
@@ -614,7 +618,7 @@ void Fp8GemmsPass::replaceWithBlockScaledDot(OpBuilder &builder,
   int64_t n = cast<RankedTensorType>(rhs.value.getType()).getDimSize(0);
   Operation *gemm;
   Value result;
-  if (mxComposite) {
+  if (writeComposite) {
     Type e8m0 = Float8E8M0FNUType::get(builder.getContext());
     Value lhsScale = shlo::buildConvert(builder, loc, lhs.scale, e8m0);
     Value rhsScale = shlo::buildConvert(builder, loc, rhs.scale, e8m0);
@@ -646,7 +650,8 @@ void Fp8GemmsPass::replaceWithBlockScaledDot(OpBuilder &builder,
          builder.getNamedAttr("preferred_element_type",
                               TypeAttr::get(accumulated))});
     gemm = shlo::buildComposite(
-        builder, loc, "xla.scaled_dot", operands, compositeType, attributes,
+        builder, loc, attr::kScaledDotComposite, operands, compositeType,
+        attributes,
         scaledDotDecomposition(dot, ValueRange(operands).getTypes(),
                                compositeType));
     // The dot's decision (and any attribute of its own) stays with it.
@@ -660,14 +665,20 @@ void Fp8GemmsPass::replaceWithBlockScaledDot(OpBuilder &builder,
       return cast<RankedTensorType>(dot->getOperand(i).getType())
           .getElementType();
     };
-    Value lhsValues = dequantizeBlocks(builder, loc, lhs.value, lhs.scale, 1,
-                                       operandType(0));
+    // The codes go through a barrier: without one XLA:GPU, in a
+    // partitioned program, folded the FP8 convert into the bf16 one and
+    // dropped the rounding.
+    auto held = [&](Value codes) {
+      return shlo::buildOptimizationBarrier(builder, loc, codes)->getResult(0);
+    };
+    Value lhsValues = dequantizeBlocks(builder, loc, held(lhs.value),
+                                       lhs.scale, 1, operandType(0));
     // XLA:CPU rewrites a bf16 dot into an f32 one without its marker: the
     // lhs's dequantization (the FP8 rounding kept) carries it too.
     shlo::markDecision(lhsValues.getDefiningOp(), attr::kFp8Marker,
                        fp8DotCount);
-    Value rhsValues = dequantizeBlocks(builder, loc, rhs.value, rhs.scale, 1,
-                                       operandType(1));
+    Value rhsValues = dequantizeBlocks(builder, loc, held(rhs.value),
+                                       rhs.scale, 1, operandType(1));
     result = shlo::buildDotGeneral(
         builder, dot, lhsValues, rhsValues, dims,
         RankedTensorType::get({m, n}, resultType.getElementType()));
@@ -686,7 +697,7 @@ Fp8GemmsPass::scaledDotDecomposition(Operation *dot, TypeRange operandTypes,
   ModuleOp module = getOperation();
   Location loc = dot->getLoc();
   auto function = func::FuncOp::create(
-      loc, "xla.scaled_dot",
+      loc, attr::kScaledDotComposite,
       FunctionType::get(&getContext(), operandTypes, {resultType}));
   function.setPrivate();
   // Unique among the module's symbols (one per dot): xla.scaled_dot_0, ...
@@ -748,6 +759,8 @@ void Fp8GemmsPass::runOnOperation() {
   }
   auto main = module.lookupSymbol<func::FuncOp>("main");
   fp8DotCount = 0;
+  bool partitioned = shlo::partitionCount(module) > 1;
+  writeComposite = mxComposite && !partitioned;
   llvm::DenseSet<Value> gradients = backwardValues(module);
   llvm::SmallVector<Operation *> dots;
   module.walk([&](Operation *op) {
@@ -795,7 +808,11 @@ void Fp8GemmsPass::runOnOperation() {
     if (scalingMode == Fp8Scaling::Mxfp8) {
       annotate(dot,
                formats + ", mxfp8 (blocks of 32, E8M0 scales" +
-                   (mxComposite ? ", xla.scaled_dot)" : ", dequantized)"),
+                   (writeComposite ? ", xla.scaled_dot)"
+                    : mxComposite
+                        ? ", dequantized: XLA does not partition "
+                          "xla.scaled_dot)"
+                        : ", dequantized)"),
                fp8DotCount);
       replaceWithBlockScaledDot(builder, dot, operands[0], operands[1]);
       continue;

@@ -281,7 +281,10 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
       "xla.scaled_dot"` on the codes and their E8M0 scales (XLA:GPU makes
       it a block-scaled GEMM; its decomposition, which XLA:CPU runs, is
       the dequantized dot); with `mx-form=dequantize`, the dequantized
-      operands feed the original dot (every JAX version).
+      operands feed the original dot (every JAX version). A program XLA's
+      SPMD partitioner splits (`mhlo.num_partitions` > 1) gets the
+      dequantized form whatever `mx-form` says: XLA (JAX 0.10) fails to
+      partition the composite, and the report says so.
 
     `gemm=f8` gives forward operands e4m3fn and gradient operands e5m2 (not
     with mxfp8, which is e4m3 throughout): an operand is a gradient when it
@@ -334,8 +337,9 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
            "(smaller ones would be slower); 0 puts every eligible GEMM in "
            "FP8">,
     Option<"mxForm", "mx-form", "std::string", "\"composite\"",
-           "How an mxfp8 GEMM is written: composite (xla.scaled_dot) or "
-           "dequantize (dequantized operands into the original dot)">,
+           "How an mxfp8 GEMM is written: composite (xla.scaled_dot; "
+           "dequantized in a partitioned program) or dequantize "
+           "(dequantized operands into the original dot)">,
     Option<"report", "report", "bool", "false",
            "Add each dot's FP8 decision to its `amp.decision` attribute">,
   ];

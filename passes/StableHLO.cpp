@@ -255,6 +255,11 @@ llvm::StringRef shlo::compositeName(Operation *op) {
   return name ? name.getValue() : llvm::StringRef();
 }
 
+int64_t shlo::partitionCount(ModuleOp module) {
+  auto count = module->getAttrOfType<IntegerAttr>("mhlo.num_partitions");
+  return count ? count.getInt() : 1;
+}
+
 //===----------------------------------------------------------------------===//
 // Operand roles
 //===----------------------------------------------------------------------===//

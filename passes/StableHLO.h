@@ -13,6 +13,7 @@
 #define STABLEHLO_AMP_STABLEHLO_H
 
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/Operation.h"
 #include "llvm/ADT/SmallVector.h"
@@ -92,6 +93,10 @@ llvm::StringRef customCallTarget(Operation *op);
 FlatSymbolRefAttr compositeDecomposition(Operation *op);
 /// The name of a `stablehlo.composite` ("chlo.top_k"), or empty.
 llvm::StringRef compositeName(Operation *op);
+/// How many partitions XLA's SPMD partitioner splits the program into: the
+/// module's `mhlo.num_partitions` (what JAX writes for a sharded `jit`), 1
+/// where it has none.
+int64_t partitionCount(ModuleOp module);
 
 /// Sets `key = value` in the op's `mhlo.frontend_attributes`: XLA carries
 /// these through to the compiled program's instructions (fused ones too),

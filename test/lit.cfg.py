@@ -70,9 +70,9 @@ def _plugin_path() -> str:
   Whether it loads is for the plugin tests to show (mlir-opt loads LLVM 22
   from its own RPATH), so plugin_path() does not check its libraries here."""
   code = ("from stablehlo_amp._src.plugin import plugin_path, mlir_opt_path; "
-          "from stablehlo_amp._src.jax_compat import mx_form; "
+          "from stablehlo_amp._src.jax_compat import mx_composite; "
           "print(plugin_path(check=False)); print(mlir_opt_path() or ''); "
-          "print(mx_form('gpu'))")
+          "print(mx_composite('gpu'))")
   # The interpreter of that amp-opt (its shebang), then lit's own.
   pythons = [sys.executable]
   with open(shutil.which("amp-opt", path=config.environment["PATH"]),
@@ -87,19 +87,19 @@ def _plugin_path() -> str:
     result = subprocess.run([python, "-c", code], capture_output=True,
                             text=True, env=dict(config.environment))
     if result.returncode == 0 and result.stdout.strip():
-      plugin, mlir_opt, mx_form = (result.stdout.strip().split("\n") +
-                                   ["", ""])[:3]
-      return plugin, mlir_opt.strip(), mx_form.strip()
+      plugin, mlir_opt, mx_composite = (result.stdout.strip().split("\n") +
+                                        ["", ""])[:3]
+      return plugin, mlir_opt.strip(), mx_composite.strip() == "True"
     errors.append(f"{python}: {result.stderr.strip().splitlines()[-1:]}")
   lit_config.fatal("cannot locate the stablehlo-amp pass plugin "
                    f"({'; '.join(errors) or 'no python found'}); "
                    "run `make build`")
 
 
-amp_plugin, plugin_mlir_opt, gpu_mx_form = _plugin_path()
+amp_plugin, plugin_mlir_opt, gpu_mx_composite = _plugin_path()
 # The JAX under test writes MXFP8 GEMMs for target gpu as the xla.scaled_dot
 # composite (it has jax.lax.scaled_dot), or dequantized.
-if gpu_mx_form == "composite":
+if gpu_mx_composite:
   config.available_features.add("mx-composite")
 # The plugin loads only into the mlir-opt of the LLVM it links (recorded at
 # build time); put that one first, whatever else PATH holds.

@@ -2,7 +2,8 @@
 // the non-contracting dimensions, broadcast over the result's rows and
 // columns), mxfp8 (E4M3 blocks of 32 along the contraction, power-of-two
 // E8M0 scales) as the xla.scaled_dot composite and as a dequantized dot, the
-// shape filter (min-size), a contraction MXFP8 cannot block, and bad options.
+// shape filter (min-size), a contraction MXFP8 cannot block, a partitioned
+// program (dequantized whatever mx-form says), and bad options.
 //
 // RUN: rm -rf %t && split-file %s %t
 // RUN: amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8 scaling=rowwise})' | FileCheck %s --check-prefix=ROWWISE
@@ -10,6 +11,7 @@
 // RUN: amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8 scaling=mxfp8 mx-form=dequantize})' | FileCheck %s --check-prefix=MXDQ
 // RUN: amp-opt %t/f32.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 min-size=886 report=true})' | FileCheck %s --check-prefix=SMALL
 // RUN: amp-opt %t/f32.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 scaling=mxfp8 report=true})' | FileCheck %s --check-prefix=BLOCK48
+// RUN: amp-opt %t/sharded.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 scaling=mxfp8 mx-form=composite report=true})' | FileCheck %s --check-prefix=SHARDED
 // RUN: not amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{min-size=-1})' 2>&1 | FileCheck %s --check-prefix=BADSIZE
 // RUN: not amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{scaling=mxfp8 mx-form=cudnn})' 2>&1 | FileCheck %s --check-prefix=BADFORM
 // RUN: not amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8e5m2 scaling=mxfp8})' 2>&1 | FileCheck %s --check-prefix=BADMX
@@ -93,10 +95,13 @@
 // MX: %[[D:.*]] = stablehlo.dot_general %[[DA]], %[[DB]], contracting_dims = [1] x [1] : (tensor<32x64xbf16>, tensor<16x64xbf16>) -> tensor<32x16xf32>
 // MX-NEXT: return %[[D]]
 
-// The dequantized form: the same codes times their f32 scales, in the dot's
-// own bf16 (exact), into the original dot; no composite.
+// The dequantized form: the same codes, held by a barrier (XLA:GPU would
+// fold the FP8 convert into the bf16 one), times their f32 scales, in the
+// dot's own bf16 (exact), into the original dot; no composite.
 // MXDQ-LABEL: func.func public @main
 // MXDQ-NOT: composite
+// MXDQ: %[[HX:.*]] = stablehlo.optimization_barrier %{{.*}} : tensor<32x64xf8E4M3FN>
+// MXDQ: stablehlo.convert %[[HX]] : (tensor<32x64xf8E4M3FN>) -> tensor<32x64xbf16>
 // MXDQ: %[[DX:.*]] = stablehlo.multiply %{{.*}}, %{{.*}} {mhlo.frontend_attributes = {amp_fp8 = "0"}} : tensor<32x64xbf16>
 // MXDQ: %[[DW:.*]] = stablehlo.multiply %{{.*}}, %{{.*}} : tensor<16x64xbf16>
 // MXDQ: %[[Y:.*]] = stablehlo.dot_general %[[DX]], %[[DW]], contracting_dims = [1] x [1] {mhlo.frontend_attributes = {amp_fp8 = "0"}} : (tensor<32x64xbf16>, tensor<16x64xbf16>) -> tensor<32x16xf32>
@@ -125,4 +130,25 @@ func.func public @bf16_result(%x: tensor<32x64xbf16>, %w: tensor<64x16xbf16>) ->
 func.func public @main(%x: tensor<32x48xf32>, %w: tensor<48x16xf32>) -> tensor<32x16xf32> {
   %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x48xf32>, tensor<48x16xf32>) -> tensor<32x16xf32>
   return %d : tensor<32x16xf32>
+}
+
+//--- sharded.mlir
+
+// A program XLA's SPMD partitioner splits 8 ways: XLA cannot partition the
+// xla.scaled_dot composite ("failed to legalize operation 'mhlo.unknown'"),
+// so mx-form=composite gets the dequantized form, says so, and the
+// arguments keep their shardings.
+// SHARDED: module attributes {mhlo.num_partitions = 8 : i32
+// SHARDED: func.func public @main(%arg0: tensor<32x64xf32> {mhlo.sharding = "{devices=[8,1]<=[8]}"}, %arg1: tensor<64x16xf32> {mhlo.sharding = "{replicated}"})
+// SHARDED-NOT: composite
+// SHARDED: stablehlo.optimization_barrier %{{.*}} : tensor<32x64xf8E4M3FN>
+// SHARDED: stablehlo.multiply {{.*}}amp_fp8 = "0"{{.*}} : tensor<32x64xbf16>
+// SHARDED: stablehlo.dot_general {{.*}}gemm = "f8e4m3fn x f8e4m3fn, mxfp8 (blocks of 32, E8M0 scales, dequantized: XLA does not partition xla.scaled_dot)"
+// SHARDED-NOT: xla.scaled_dot
+
+module attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%x: tensor<32x64xf32> {mhlo.sharding = "{devices=[8,1]<=[8]}"}, %w: tensor<64x16xf32> {mhlo.sharding = "{replicated}"}) -> tensor<32x16xf32> {
+    %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x64xf32>, tensor<64x16xf32>) -> tensor<32x16xf32>
+    return %d : tensor<32x16xf32>
+  }
 }

@@ -160,6 +160,38 @@ def reductions(dump: str) -> dict:
   return found
 
 
+def mxfp8(mesh: Mesh) -> dict:
+  """MXFP8 for target gpu (the `xla.scaled_dot` composite where this JAX has
+  it), lowered sharded over `mesh` and on one device by the same step: what
+  each lowering inlined, what the report says, and how far two sharded
+  steps are from two on one device."""
+  params = make_params(False)
+  shard = {k: NamedSharding(mesh, P(*SPECS[k])) for k in params}
+  batch = jax.random.normal(jax.random.key(1), (64, 256))
+  step = amp.train_step(loss, optax.adam(1e-3), "p=f32,c=bf16,o=f32,gemm=f8",
+                        fp8_scaling="mxfp8", target="gpu", fp8_min_size=0)
+  state = step.init(jax.device_put(params, shard))
+  sharded_batch = jax.device_put(batch, NamedSharding(mesh, P("fsdp", None)))
+  sharded = step.lower(state, sharded_batch)
+  facts = {"sharded_text": sharded.as_text(),
+           "sharded_report": str(sharded.report())}
+  sharded.compile()
+  for _ in range(2):
+    state, _ = step(state, sharded_batch)
+  device = jax.devices()[0]
+  single_state = step.init(jax.device_put(params, device))
+  single = step.lower(single_state, jax.device_put(batch, device))
+  facts.update(single_text=single.as_text(),
+               single_report=str(single.report()))
+  for _ in range(2):
+    single_state, _ = step(single_state, jax.device_put(batch, device))
+  facts["max_param_difference"] = max(
+      float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+      for a, b in zip(jax.tree_util.tree_leaves(state.params),
+                      jax.tree_util.tree_leaves(single_state.params)))
+  return facts
+
+
 def main() -> None:
   if sys.argv[1:2] == ["reductions"]:
     json.dump(reductions(sys.argv[2]), sys.stdout)
@@ -174,8 +206,8 @@ def main() -> None:
   results["auto-f8-narrow"] = run(meshes["auto"], "f8", narrow=True)
   if "explicit" in meshes:
     results["explicit-f8"] = run(meshes["explicit"], "f8")
-  json.dump({"device_count": jax.device_count(), "cases": results},
-            sys.stdout)
+  json.dump({"device_count": jax.device_count(), "cases": results,
+             "mxfp8": mxfp8(meshes["auto"])}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import pathlib
 import pytest
 
 from eight_devices import run_json
+from stablehlo_amp._src import contract, jax_compat
 
 CHECK = pathlib.Path(__file__).with_name("_sharded_training_check.py")
 # Each leaf's sharding, as its parameter's (SPECS in the check).
@@ -20,10 +21,35 @@ PARAM_SPECS = {"w1": [None, "fsdp"], "b1": ["fsdp"], "w2": ["fsdp", None],
 
 
 @pytest.fixture(scope="module")
-def cases() -> dict:
+def facts() -> dict:
   facts = run_json(CHECK)
   assert facts["device_count"] == 8
+  return facts
+
+
+@pytest.fixture(scope="module")
+def cases(facts) -> dict:
   return facts["cases"]
+
+
+def test_mxfp8_is_dequantized_where_the_program_is_partitioned(facts):
+  """XLA cannot partition the `xla.scaled_dot` composite (a deviceless 8x
+  H100 compile: "failed to legalize operation 'mhlo.unknown'"): the same
+  step lowered over 8 devices inlines a program rewritten with the
+  dequantized form, and says why; on one device, the composite where this
+  JAX has it."""
+  mx = facts["mxfp8"]
+  composite = contract.attribute("scaled_dot_composite")
+  assert composite not in mx["sharded_text"]
+  assert "optimization_barrier" in mx["sharded_text"]
+  assert f"dequantized: XLA does not partition {composite}" in \
+      mx["sharded_report"]
+  assert f"E8M0 scales, {composite})" not in mx["sharded_report"]
+  if jax_compat.mx_composite("gpu"):
+    assert f'stablehlo.composite "{composite}"' in mx["single_text"]
+    assert "does not partition" not in mx["single_report"]
+  # The same numerics: the composite's decomposition is the dequantized dot.
+  assert mx["max_param_difference"] < 1e-6
 
 
 def _moments(case: dict) -> dict:

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 from jax import export as jax_export
 from jax.extend.mlir import ir
 
+from stablehlo_amp._src import contract
+
 # The JAX releases stablehlo-amp supports, as pyproject.toml declares them (a
 # test checks they agree). `make test-jax-range` runs the driver, training and
 # CLI tests at both ends (the newest, jax 0.11 and later, on Python >= 3.12).
@@ -444,11 +446,41 @@ def cpu_storage_compiler_options() -> dict:
   return dict(_CPU_STORAGE_OPTIONS)
 
 
+def partition_count(ctx: Any) -> int:
+  """How many partitions the lowering of `ctx` (a lowering rule's context)
+  is for: the devices of its sharded jit (`ShardingContext`) or of its
+  shard_map mesh, 1 for an unsharded one."""
+  axis_context = ctx.module_context.axis_context
+  count = getattr(axis_context, "num_devices", None)
+  if count is None:
+    mesh = getattr(axis_context, "mesh", None)
+    count = getattr(mesh, "size", 1) if mesh is not None else 1
+  return int(count)
+
+
+def with_partition_count(module: ir.Module, count: int) -> ir.Module:
+  """A copy of `module` declaring that XLA's SPMD partitioner splits it
+  into `count` partitions (`mhlo.num_partitions`, as JAX writes it for a
+  sharded jit)."""
+  with module.context:
+    copy = ir.Module.parse(bytecode_of(module))
+    copy.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(
+        ir.IntegerType.get_signless(32), count)
+  return copy
+
+
+def mx_composite(target: str) -> bool:
+  """Whether amp-fp8-gemms writes an MXFP8 GEMM for `target` under this JAX
+  as the ``xla.scaled_dot`` composite: on gpu where JAX has
+  `jax.lax.scaled_dot` (0.9.1 on: its XLA makes it a block-scaled GEMM).
+  Elsewhere the dequantized operands feed the dot (XLA:CPU would only run
+  the composite's decomposition, the same dot)."""
+  return (target == contract.values("target").gpu
+          and hasattr(jax.lax, "scaled_dot"))
+
+
 def mx_form(target: str) -> str:
-  """How amp-fp8-gemms writes an MXFP8 GEMM for `target` under this JAX:
-  on gpu the ``xla.scaled_dot`` composite where JAX has
-  `jax.lax.scaled_dot` (0.9.1 on: its XLA makes it a block-scaled GEMM),
-  else dequantized operands (XLA:CPU would only run the composite's
-  decomposition, the same dot)."""
-  return ("composite" if target == "gpu" and hasattr(jax.lax, "scaled_dot")
-          else "dequantize")
+  """amp-fp8-gemms' `mx-form` for `target` under this JAX (the pass itself
+  writes the dequantized form into a partitioned program)."""
+  composite, dequantize = contract.choices(contract.FP8_GEMMS, "mx-form")
+  return composite if mx_composite(target) else dequantize

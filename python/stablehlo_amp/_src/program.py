@@ -107,6 +107,25 @@ class Program:
   # (a program built through jax.export).
   leaf_avals: tuple = ()
   batched: Callable[[tuple[int | None, ...], int], "Program"] | None = None
+  # Where the rewrite wrote what XLA's SPMD partitioner cannot split (the
+  # MXFP8 composite): the program rewritten for a lowering over that many
+  # partitions, built on first use. None where there is nothing to redo.
+  partitioned: Callable[[int], "Program"] | None = None
+  # The program the latest lowering inlined (this one or a partitioned
+  # one): what `Lowered` reports on.
+  last_lowered: list = dataclasses.field(default_factory=list,
+                                         compare=False, repr=False)
+
+  def for_partitions(self, count: int) -> "Program":
+    """The program to inline into a lowering over `count` partitions."""
+    program = (self.partitioned(count)
+               if count > 1 and self.partitioned is not None else self)
+    self.last_lowered[:] = [program]
+    return program
+
+  def as_lowered(self) -> "Program":
+    """The program the latest lowering of this one inlined."""
+    return self.last_lowered[0] if self.last_lowered else self
 
   @property
   def out_avals(self) -> tuple:
@@ -183,11 +202,18 @@ amp_module_call_p.def_impl(
     lambda *args, program: jax.jit(
         lambda *xs: amp_module_call_p.bind(*xs, program=program))(*args))
 batching.primitive_batchers[amp_module_call_p] = _batch_rule
-jax_mlir.register_lowering(
-    amp_module_call_p,
-    lambda ctx, *args, program: jax_compat.call_module(
-        ctx, program.bytecode, program.name, args,
-        callbacks=(program.host_callbacks, program.indexed_callbacks)))
+
+
+def _lower_call(ctx: Any, *args: Any, program: Program) -> list:
+  """Inlines the rewritten module (rewritten again for a partitioned
+  lowering where it has to be: `Program.partitioned`)."""
+  program = program.for_partitions(jax_compat.partition_count(ctx))
+  return jax_compat.call_module(
+      ctx, program.bytecode, program.name, args,
+      callbacks=(program.host_callbacks, program.indexed_callbacks))
+
+
+jax_mlir.register_lowering(amp_module_call_p, _lower_call)
 
 
 def main_signature(module: ir.Module) -> tuple[list, list]:
@@ -486,15 +512,18 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
   # The form the lowering reads, made now: its cost is the rewrite's.
   bytecode = None if exported else jax_compat.bytecode_of(result.module)
   leaves = jax.tree_util.tree_leaves((export_args, export_kwargs))
-  batched = None
-  if exported is None:
-    batched = _batched_builder(
-        jitted, export_args, export_kwargs, dict(
-            param_flags=param_flags, policy=policy, options=options,
-            source_name=source_name, seed_leaf=seed_leaf,
-            state_leaves=state_leaves,
-            optimizer_state_leaves=optimizer_state_leaves,
-            loss_scale=loss_scale))
+  same = dict(param_flags=param_flags, policy=policy, options=options,
+              source_name=source_name, seed_leaf=seed_leaf,
+              state_leaves=state_leaves,
+              optimizer_state_leaves=optimizer_state_leaves,
+              loss_scale=loss_scale)
+  batched = (_batched_builder(jitted, export_args, export_kwargs, same)
+             if exported is None else None)
+  partitioned = None
+  if (bytecode is not None and
+      contract.attribute("scaled_dot_composite").encode() in bytecode):
+    partitioned = _partitioned_builder(jitted, export_args, export_kwargs,
+                                       marked, same)
   done = time.perf_counter()
   return Program(result.module, result,
                  Timings(lower=marked.lower_seconds, rewrite=done - started),
@@ -508,7 +537,29 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
                  out_key_avals=key_avals,
                  module_out_avals=module_out_avals,
                  leaf_avals=tuple(jax_compat.aval_of(x) for x in leaves),
-                 batched=batched)
+                 batched=batched, partitioned=partitioned)
+
+
+def _partitioned_builder(jitted: Callable, export_args: Sequence,
+                         export_kwargs: dict, marked: Marked,
+                         build_options: dict) -> Callable[[int], Program]:
+  """Builds, once per partition count, the program rewritten from the same
+  marked module declared split into that many partitions
+  (`mhlo.num_partitions`): the passes then write only what XLA's SPMD
+  partitioner can split (amp-fp8-gemms: MXFP8 dequantized, not the
+  composite)."""
+  programs: dict[int, Program] = {}
+
+  def make(count: int) -> Program:
+    if count not in programs:
+      module = jax_compat.with_partition_count(marked.module, count)
+      programs[count] = build(jitted, export_args, export_kwargs,
+                              **build_options,
+                              marked=dataclasses.replace(marked,
+                                                         module=module))
+    return programs[count]
+
+  return make
 
 
 def _batched_builder(jitted: Callable, export_args: Sequence,
@@ -798,7 +849,9 @@ class Lowered:
   def __init__(self, jax_lowered: Any, program: Program | None,
                calibration: Any = None):
     self._jax_lowered = jax_lowered
-    self._program = program
+    # The program the lowering inlined (for a partitioned one, maybe the
+    # partitioned rewrite).
+    self._program = program.as_lowered() if program is not None else None
     self.calibration = calibration  # what calibration kept, if it ran
     self._compiled = None
 
