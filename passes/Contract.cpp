@@ -189,6 +189,7 @@ constexpr StateRole kStateRoles[] = {
     {attr::kLossScale, "loss_scale", "amp-loss-scale", false, false},
     {attr::kLossScaleCounter, "loss_scale", "amp-loss-scale", false, false},
     {attr::kGradsFinite, "loss_scale", "amp-loss-scale", false, false},
+    {attr::kStateFinite, "loss_scale", "amp-loss-scale", false, false},
     {attr::kAmaxHistory, "amax_history", "amp-fp8-gemms", false, true},
     {attr::kRoundingKey, "rounding_key", "amp-round-state", false, true},
     {attr::kCompensation, "compensation", "amp-round-state", true, true},
@@ -573,6 +574,8 @@ const EntryOption kEntryOptions[] = {
     {"opt_state_dtype", "amp-round-state", "optimizer-state",
      OptionKind::Choice, /*stateful=*/true, false, false,
      canonicalOptimizerStateDtype},
+    {"skip_nonfinite", "amp-loss-scale", "check-state", OptionKind::Bool,
+     /*stateful=*/true},
 };
 
 llvm::StringRef kindName(OptionKind kind) {
@@ -712,6 +715,7 @@ llvm::json::Object passesJson() {
       {"backoff-factor", option(scale.backoffFactor)},
       {"min-scale", option(scale.minScale)},
       {"max-scale", option(scale.maxScale)},
+      {"check-state", option(scale.checkState)},
   };
   return llvm::json::Object{
       {"amp-insert-converts",
@@ -874,6 +878,7 @@ std::string mlir::amp::contractJson() {
       {"loss_scale", attr::kLossScale},
       {"loss_scale_counter", attr::kLossScaleCounter},
       {"grads_finite", attr::kGradsFinite},
+      {"state_finite", attr::kStateFinite},
       {"rounding_key", attr::kRoundingKey},
       {"compensation", attr::kCompensation},
       {"optimizer_state", attr::kOptimizerState},

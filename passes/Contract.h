@@ -56,6 +56,9 @@ inline constexpr llvm::StringLiteral kLossScale = "amp.loss_scale";
 inline constexpr llvm::StringLiteral kLossScaleCounter =
     "amp.loss_scale_counter";
 inline constexpr llvm::StringLiteral kGradsFinite = "amp.grads_finite";
+/// Result attribute amp-loss-scale puts on what it appends with
+/// `check-state=true`: every float value of the new state is finite (i1).
+inline constexpr llvm::StringLiteral kStateFinite = "amp.state_finite";
 /// Argument and result attribute amp-round-state puts on the random-bit
 /// state it appends (ui32[4]; the result is the next state).
 inline constexpr llvm::StringLiteral kRoundingKey = "amp.rounding_key";

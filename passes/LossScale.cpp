@@ -65,6 +65,7 @@ private:
   void scaleSeed(TrainingStep &step, ScaleState &state);
   FailureOr<Value> unscaleAndCheck(TrainingStep &step,
                                    const ScaleState &state);
+  Value buildStateCheck(TrainingStep &step);
   void keepOldStateUnlessFinite(TrainingStep &step, Value finite);
   void readSelectedState(TrainingStep &step,
                          llvm::ArrayRef<std::pair<Value, Value>> selected);
@@ -72,7 +73,7 @@ private:
   buildScaleUpdate(OpBuilder &builder, Location loc, const ScaleState &state,
                    Value finite);
   void appendResults(TrainingStep &step, const ScaleState &state,
-                     Value finite);
+                     Value finite, Value stateFinite);
 };
 
 //===----------------------------------------------------------------------===//
@@ -276,6 +277,27 @@ FailureOr<Value> LossScalePass::unscaleAndCheck(TrainingStep &step,
   return finite;
 }
 
+/// ANDs `is_finite` of every float state result (its new value) into one
+/// predicate (true where there is none).
+Value LossScalePass::buildStateCheck(TrainingStep &step) {
+  Operation *returnOp = step.main.front().getTerminator();
+  OpBuilder builder(returnOp);
+  Location loc = step.main.getLoc();
+  Value finite;
+  for (auto [result, arg] : step.states) {
+    Value updated = returnOp->getOperand(result);
+    if (!shlo::getFloatElementType(updated.getType()))
+      continue; // integer state (counters, encoded f8 blocks)
+    Value flag = shlo::buildReduceAll(
+        builder, loc, shlo::buildIsFinite(builder, loc, updated), "and", 1.0);
+    finite = finite ? shlo::buildElementwise(builder, loc, "and",
+                                             {finite, flag})
+                    : flag;
+  }
+  return finite ? finite
+                : shlo::buildScalar(builder, loc, builder.getI1Type(), 1.0);
+}
+
 /// An overflowed step keeps the old parameters and optimizer state: each
 /// state result becomes select(finite, new, old).
 void LossScalePass::keepOldStateUnlessFinite(TrainingStep &step,
@@ -376,7 +398,7 @@ LossScalePass::buildScaleUpdate(OpBuilder &builder, Location loc,
 }
 
 void LossScalePass::appendResults(TrainingStep &step, const ScaleState &state,
-                                  Value finite) {
+                                  Value finite, Value stateFinite) {
   Operation *returnOp = step.main.front().getTerminator();
   OpBuilder builder(returnOp);
   Location loc = step.main.getLoc();
@@ -392,6 +414,13 @@ void LossScalePass::appendResults(TrainingStep &step, const ScaleState &state,
                            builder.getDictionaryAttr({builder.getNamedAttr(
                                role, builder.getUnitAttr())}));
     operands.push_back(it->first);
+  }
+  if (stateFinite) {
+    step.main.insertResult(
+        step.main.getNumResults(), stateFinite.getType(),
+        builder.getDictionaryAttr(
+            {builder.getNamedAttr(attr::kStateFinite, builder.getUnitAttr())}));
+    operands.push_back(stateFinite);
   }
   returnOp->setOperands(operands);
   // The markers are consumed.
@@ -420,8 +449,17 @@ void LossScalePass::runOnOperation() {
   FailureOr<Value> finite = unscaleAndCheck(*step, *state);
   if (failed(finite))
     return signalPassFailure();
-  keepOldStateUnlessFinite(*step, *finite);
-  appendResults(*step, *state, *finite);
+  // With check-state the old state is also kept when the new one is not
+  // finite; the scale's update follows the gradients alone.
+  Value stateFinite = checkState ? buildStateCheck(*step) : Value();
+  Value keep = *finite;
+  if (stateFinite) {
+    OpBuilder builder(step->main.front().getTerminator());
+    keep = shlo::buildElementwise(builder, step->main.getLoc(), "and",
+                                  {keep, stateFinite});
+  }
+  keepOldStateUnlessFinite(*step, keep);
+  appendResults(*step, *state, *finite, stateFinite);
 }
 
 } // namespace

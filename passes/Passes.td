@@ -597,6 +597,13 @@ def AmpLossScalePass : Pass<"amp-loss-scale", "::mlir::ModuleOp"> {
       `amp.loss_scale_counter`).
     `mode=static` scales by the given argument without updating it;
     `mode=none` adds no scale argument and only checks and skips.
+    With `check-state=true` a step is also skipped when a float value of
+    its new state is not finite (finite gradients can still make it so:
+    an update that overflows a bf16 parameter, a division by a zero
+    moment); that check is appended as a last result (`amp.state_finite`),
+    and the scale's update still follows the gradients alone. The new
+    state must then be complete before any of it is written: with the state
+    donated, XLA keeps the new values beside the old ones.
 
     Before:
     ```mlir
@@ -647,6 +654,9 @@ def AmpLossScalePass : Pass<"amp-loss-scale", "::mlir::ModuleOp"> {
     Option<"maxScale", "max-scale", "double",
            "::mlir::amp::LossScaleConfig().maxScale",
            "Ceiling of the scale">,
+    Option<"checkState", "check-state", "bool", "false",
+           "Also skip a step whose new state (a result marked amp.state_of, "
+           "float) is not finite, and append that check (amp.state_finite)">,
   ];
 }
 

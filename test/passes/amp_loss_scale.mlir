@@ -12,6 +12,7 @@
 // RUN: amp-opt %t/ok.mlir --split-input-file --pass-pipeline='builtin.module(amp-loss-scale{growth-interval=100 growth-factor=4.0 backoff-factor=0.25 min-scale=0.03125 max-scale=65536.0})' | FileCheck %s --check-prefix=OPT
 // RUN: amp-opt %t/indices.mlir --pass-pipeline='builtin.module(amp-loss-scale{seed-arg=2 gradient-results=0,1 state-results=2:0})' | FileCheck %s --check-prefix=IDX
 //
+// RUN: amp-opt %t/check_state.mlir --pass-pipeline='builtin.module(amp-loss-scale{mode=dynamic check-state=true})' | FileCheck %s --check-prefix=STATECHECK
 // RUN: not amp-opt %t/no_seed.mlir --pass-pipeline='builtin.module(amp-loss-scale)' 2>&1 | FileCheck %s --check-prefix=ERR-SEED
 // RUN: not amp-opt %t/no_gradients.mlir --pass-pipeline='builtin.module(amp-loss-scale)' 2>&1 | FileCheck %s --check-prefix=ERR-GRAD
 // RUN: not amp-opt %t/no_gradients.mlir --pass-pipeline='builtin.module(amp-loss-scale{mode=none})' 2>&1 | FileCheck %s --check-prefix=ERR-GRAD
@@ -361,6 +362,33 @@ module @no_seed {
   }
 }
 // ERR-SEED-NOT: func.func
+
+//--- check_state.mlir
+
+// check-state=true: the step is also skipped when a float value of its new
+// state is not finite (the integer counter is not checked); that check is
+// the last result, and the scale's update follows the gradients alone.
+// STATECHECK: func.func public @main(%[[W:[^:]*]]: tensor<8xf32>, %[[N:[^:]*]]: tensor<i32>, %{{[^:]*}}: tensor<f32>, %{{[^:]*}}: tensor<f32> {amp.loss_scale}, %{{[^:]*}}: tensor<i32> {amp.loss_scale_counter}) -> (tensor<8xf32>, tensor<8xf32>, tensor<i32>, tensor<i1> {amp.grads_finite}, tensor<f32> {amp.loss_scale}, tensor<i32> {amp.loss_scale_counter}, tensor<i1> {amp.state_finite})
+// STATECHECK: %[[NW:.*]] = stablehlo.divide %[[W]], %{{.*}} : tensor<8xf32>
+// STATECHECK: %[[GRADS:.*]] = stablehlo.reduce
+// STATECHECK: %[[ISF:.*]] = stablehlo.is_finite %[[NW]] : (tensor<8xf32>) -> tensor<8xi1>
+// STATECHECK: %[[STATE:.*]] = stablehlo.reduce(%[[ISF]]
+// STATECHECK-NOT: stablehlo.is_finite
+// STATECHECK: %[[KEEP:.*]] = stablehlo.and %[[GRADS]], %[[STATE]] : tensor<i1>
+// STATECHECK: %[[SW:.*]] = stablehlo.select %[[KEEP]], %[[NW]], %[[W]] : tensor<i1>, tensor<8xf32>
+// STATECHECK: %[[SN:.*]] = stablehlo.select %[[KEEP]], %{{.*}}, %[[N]] : tensor<i1>, tensor<i32>
+// STATECHECK: %[[SCALE:.*]] = stablehlo.select %[[GRADS]],
+// STATECHECK: return %{{[^,]*}}, %[[SW]], %[[SN]], %[[GRADS]], %[[SCALE]], %{{[^,]*}}, %[[STATE]] :
+module @check_state {
+  func.func public @main(%w: tensor<8xf32>, %n: tensor<i32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<8xf32> {amp.gradient}, tensor<8xf32> {amp.state_of = 0 : i64}, tensor<i32> {amp.state_of = 1 : i64}) {
+    %b = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<8xf32>
+    %g = stablehlo.multiply %w, %b : tensor<8xf32>
+    %nw = stablehlo.divide %w, %g : tensor<8xf32>
+    %one = stablehlo.constant dense<1> : tensor<i32>
+    %nn = stablehlo.add %n, %one : tensor<i32>
+    return %g, %nw, %nn : tensor<8xf32>, tensor<8xf32>, tensor<i32>
+  }
+}
 
 //--- no_gradients.mlir
 

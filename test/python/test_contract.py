@@ -133,8 +133,10 @@ def test_loss_scale_fields_are_the_keywords_and_the_pass_options():
                       contract.loss_scale_defaults().items()
                       if name != "initial_scale"}
   options = set(contract.document()["passes"][contract.LOSS_SCALE]["options"])
+  # (check-state is train_step's skip_nonfinite, an entry option.)
   assert options - {field["option"] for field in fields} == {
-      "mode", "seed-arg", "gradient-results", "state-results"}
+      "mode", "seed-arg", "gradient-results", "state-results", "check-state"}
+  assert contract.options()["skip_nonfinite"]["option"] == "check-state"
   ls = amp.DynamicLossScale(growth_interval=7)
   assert ls.pass_options() == {
       "mode": "dynamic",

@@ -113,8 +113,8 @@ def test_option_value_ids_are_the_contracts_choices():
 def test_every_state_role_names_a_field_with_a_slot():
   roles = contract.state_roles()
   appended = {contract.attribute(name) for name in (
-      "loss_scale", "loss_scale_counter", "grads_finite", "amax_history",
-      "rounding_key", "compensation")}
+      "loss_scale", "loss_scale_counter", "grads_finite", "state_finite",
+      "amax_history", "rounding_key", "compensation")}
   assert set(roles) == appended
   for role, spec in roles.items():
     assert spec["field"] in amp.TrainState._fields, role

@@ -253,6 +253,58 @@ def test_overflow_is_skipped_with_a_static_or_no_scale_too(loss_scale):
   assert int(metrics["skipped_steps"]) == 1
 
 
+def _overflowing_sgd() -> optax.GradientTransformation:
+  """SGD whose update overflows f32 on the first step (a rate of 1e60, as
+  two factors f32 can hold): the gradients are finite, the new parameters
+  are not."""
+  return optax.chain(optax.scale(-1e30), optax.scale(1e30))
+
+
+@pytest.mark.parametrize("policy", [F32_POLICY, BF16_POLICY, F16_POLICY])
+def test_skip_nonfinite_never_writes_a_nonfinite_state(policy):
+  plain = amp.train_step(mse, _overflowing_sgd(), policy)
+  state, metrics = plain(plain.init(PARAMS), _batch(0))
+  # Without it the gradients pass the check and the state is written.
+  assert bool(metrics["grads_finite"]) and "state_finite" not in metrics
+  assert not all(np.isfinite(x).all() for x in _leaves(state.params))
+  step = amp.train_step(mse, _overflowing_sgd(), policy, skip_nonfinite=True)
+  start = step.init(PARAMS)
+  state, metrics = step(start, _batch(0))
+  assert bool(metrics["grads_finite"])
+  assert not bool(metrics["state_finite"])
+  assert int(metrics["skipped_steps"]) == 1
+  for b, a in zip(_leaves((start.params, start.opt_state)),
+                  _leaves((state.params, state.opt_state))):
+    assert np.array_equal(b, a)
+  # The loss scale follows the gradients alone: a finite step at f16's
+  # scale does not back it off.
+  assert float(state.loss_scale.loss_scale) == float(
+      start.loss_scale.loss_scale)
+
+
+def test_skip_nonfinite_changes_nothing_on_a_finite_step():
+  ref = amp.train_step(mse, optax.adam(1e-2), BF16_POLICY)
+  step = amp.train_step(mse, optax.adam(1e-2), BF16_POLICY,
+                        skip_nonfinite=True)
+  ref_state, step_state = ref.init(PARAMS), step.init(PARAMS)
+  for i in range(3):
+    ref_state, _ = ref(ref_state, _batch(i))
+    step_state, metrics = step(step_state, _batch(i))
+    assert bool(metrics["state_finite"])
+  assert int(metrics["skipped_steps"]) == 0
+  for a, b in zip(_leaves((ref_state.params, ref_state.opt_state)),
+                  _leaves((step_state.params, step_state.opt_state))):
+    assert np.array_equal(a, b)
+
+
+def test_skip_nonfinite_is_a_train_step_option():
+  with pytest.raises(TypeError, match="skip_nonfinite configures state that "
+                     "only amp.train_step carries"):
+    amp.transform(mlp, BF16_POLICY, skip_nonfinite=True)
+  with pytest.raises((TypeError, ValueError), match="skip_nonfinite"):
+    amp.train_step(mse, optax.sgd(0.1), BF16_POLICY, skip_nonfinite="yes")
+
+
 def big_mse(params, batch):
   return 1000.0 * mse(params, batch)
 

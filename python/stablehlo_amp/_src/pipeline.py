@@ -307,7 +307,8 @@ def build_pipeline(policy: Policy, options: RewriteOptions, *,
       for name in round_state}:
     passes.append(_pass_text(contract.ROUND_STATE, round_state))
   if loss_scale:
-    passes.append(_pass_text(contract.LOSS_SCALE, loss_scale))
+    passes.append(_pass_text(contract.LOSS_SCALE, {
+        **loss_scale, **options.pass_options(contract.LOSS_SCALE)}))
   passes.append(contract.SIMPLIFY_CONVERTS)
   return "builtin.module(" + ",".join(passes) + ")"
 

@@ -635,13 +635,21 @@ class TrainStep(_LossScaledProgram):
                                             ts.CARRIED), shardings))))
     finite = fields["loss_scale"].grads_finite(
         ts.appended_results(program, extra)["loss_scale"])
+    # skip_nonfinite: the program also kept the old state when the new one
+    # was not finite (its last appended result says whether it was).
+    state_finite = (extra[program.extra_out_roles.index(
+        contract.attribute("state_finite"))]
+                    if self._options.skip_nonfinite else None)
+    kept = finite if state_finite is None else finite & state_finite
     state = state._replace(skipped_steps=state.skipped_steps + jnp.where(
-        finite, 0, 1).astype(jnp.int32))
-    self._watch.watch(finite, loss, state.loss_scale, state.skipped_steps)
+        kept, 0, 1).astype(jnp.int32))
+    self._watch.watch(kept, loss, state.loss_scale, state.skipped_steps)
     metrics = {"loss": loss, "grads_finite": finite,
                "loss_scale": jnp.asarray(state.loss_scale.loss_scale,
                                          jnp.float32),
                "skipped_steps": state.skipped_steps}
+    if state_finite is not None:
+      metrics["state_finite"] = state_finite
     if self.has_aux:
       metrics["aux"] = aux
     return state, metrics
