@@ -30,6 +30,9 @@ The variants:
   ours-bf16-gemm-f8-mxfp8    the same with fp8_scaling="mxfp8" (--gpu b200:
                       block-scaled GEMMs; on the H100, emulated)
   ours-bf16-gemm-f8-all      gemm=f8 with fp8_min_size=0 (no shape filter)
+  ours-bf16-numerics-stats   ours-bf16 with numerics="stats" (per-GEMM range
+                      statistics inside the step); ours-bf16-gemm-f8-...
+                      the same with gemm=f8: what measuring costs
   ours-bf16-storage-f32   ours-bf16 with storage="f32"
   ours-bf16-no-remat  ours-bf16 with rematerialize=False
   ours-bf16-moments-bf16  ours-bf16 with opt_state_dtype="bf16"
@@ -132,7 +135,8 @@ GPUS = {"h100": ("H100", H100_TARGET_CONFIG),
 
 VARIANTS = ("f32", "ours-bf16", "ours-f16", "ours-bf16-gemm-f8",
             "ours-bf16-gemm-f8-rowwise", "ours-bf16-gemm-f8-mxfp8",
-            "ours-bf16-gemm-f8-all",
+            "ours-bf16-gemm-f8-all", "ours-bf16-numerics-stats",
+            "ours-bf16-gemm-f8-numerics-stats",
             "ours-bf16-storage-f32", "ours-bf16-no-remat",
             "ours-bf16-moments-bf16", "ours-bf16-params-bf16-stochastic",
             "ours-bf16-params-bf16-stochastic-moments-bf16",
@@ -156,6 +160,10 @@ OURS = {
     # Every eligible GEMM in FP8: the shape filter off.
     "ours-bf16-gemm-f8-all": ("p=f32,c=bf16,o=f32,gemm=f8",
                               {"fp8_min_size": 0}),
+    # Per-GEMM range statistics measured inside the step.
+    "ours-bf16-numerics-stats": ("p=f32,c=bf16,o=f32", {"numerics": "stats"}),
+    "ours-bf16-gemm-f8-numerics-stats": ("p=f32,c=bf16,o=f32,gemm=f8",
+                                         {"numerics": "stats"}),
     "ours-bf16-storage-f32": ("p=f32,c=bf16,o=f32", {"storage": "f32"}),
     "ours-bf16-no-remat": ("p=f32,c=bf16,o=f32", {"rematerialize": False}),
     # Low-precision training state: bf16 Adam moments, bf16 parameters

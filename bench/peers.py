@@ -151,9 +151,12 @@ def build_ours(model: common.Model, batch, name: str, policy: str,
                storage: str | None = None, level: str | None = None,
                donate: bool = True, scaling: str | None = None,
                rounding: str | None = None,
-               moments: str | None = None) -> common.Built:
+               moments: str | None = None,
+               numerics: str | None = None) -> common.Built:
   amp = _amp()
   options = {"target": target} if target else {}
+  if numerics:
+    options["numerics"] = numerics
   if storage:
     options["storage"] = storage
   if level:
@@ -346,15 +349,16 @@ _OURS_KEYS = {"storage": ("f32", "compute"), "level": ("O1", "O2", "O3"),
               "scaling": ("current", "delayed", "rowwise", "mxfp8"),
               "params": ("bf16",),
               "rounding": ("nearest", "stochastic", "kahan"),
-              "moments": ("bf16", "f8")}
+              "moments": ("bf16", "f8"),
+              "numerics": ("stats",)}
 
 
 def _ours_options(variant: str) -> dict:
   """`ours-{bf16,f16}[-storage-X][-level-X][-gemm-X][-scaling-X]
-  [-params-bf16][-rounding-X][-moments-bf16]`: the options of
-  amp.train_step a variant name asks for (`gemm` and `params` go into the
-  policy, `scaling` is `fp8_scaling`, `rounding` is `update_rounding`,
-  `moments` is `opt_state_dtype`)."""
+  [-params-bf16][-rounding-X][-moments-bf16][-numerics-stats]`: the
+  options of amp.train_step a variant name asks for (`gemm` and `params`
+  go into the policy, `scaling` is `fp8_scaling`, `rounding` is
+  `update_rounding`, `moments` is `opt_state_dtype`)."""
   parts = variant.split("-")[2:]
   options = {}
   while parts:

@@ -190,6 +190,10 @@ constexpr StateRole kStateRoles[] = {
     {attr::kLossScaleCounter, "loss_scale", "amp-loss-scale", false, false},
     {attr::kGradsFinite, "loss_scale", "amp-loss-scale", false, false},
     {attr::kStateFinite, "loss_scale", "amp-loss-scale", false, false},
+    // Measurements, not state: the step returns them (train_step's
+    // metrics) and nothing gives them back.
+    {attr::kGemmAmax, "metrics", "amp-numerics", false, false},
+    {attr::kGemmCounts, "metrics", "amp-numerics", false, false},
     {attr::kAmaxHistory, "amax_history", "amp-fp8-gemms", false, true},
     {attr::kRoundingKey, "rounding_key", "amp-round-state", false, true},
     {attr::kCompensation, "compensation", "amp-round-state", true, true},
@@ -326,6 +330,10 @@ constexpr llvm::StringRef kFp8ScalingNames[] = {"current", "delayed",
 // (E8M0 scales; XLA:GPU makes it a block-scaled GEMM, JAX >= 0.9.1), or
 // dequantized operands feeding a plain dot (correct everywhere).
 constexpr llvm::StringRef kMxFormNames[] = {"composite", "dequantize"};
+// amp-numerics' collections, in Numerics' order.
+constexpr llvm::StringRef kNumericsNames[] = {"none", "stats"};
+constexpr llvm::StringRef kGemmStatsCounts[] = {"nonzero", "underflow",
+                                                "saturated"};
 constexpr Fp8Roofline kFp8Rooflines[] = {
     {"H100 SXM", 989.4e12, 3.352e12},
     {"B200", 2250e12, 8.0e12},
@@ -370,6 +378,16 @@ bool mlir::amp::fp8ScalingIsStateful(Fp8Scaling scaling) {
 }
 llvm::ArrayRef<llvm::StringRef> mlir::amp::mxFormNames() {
   return kMxFormNames;
+}
+
+llvm::ArrayRef<llvm::StringRef> mlir::amp::numericsNames() {
+  return kNumericsNames;
+}
+llvm::Expected<Numerics> mlir::amp::parseNumerics(llvm::StringRef text) {
+  return closedEnum<Numerics>(text, kNumericsNames, "numerics");
+}
+llvm::ArrayRef<llvm::StringRef> mlir::amp::gemmStatsCounts() {
+  return kGemmStatsCounts;
 }
 
 int64_t Fp8Roofline::minSize() const {
@@ -479,6 +497,11 @@ llvm::Expected<std::string> canonicalFp8Scaling(llvm::StringRef value,
     return index.takeError();
   return kFp8ScalingNames[*index].str();
 }
+llvm::Expected<std::string> canonicalNumerics(llvm::StringRef value, Target) {
+  return canonical(parseNumerics(value), [](Numerics numerics) {
+    return kNumericsNames[static_cast<int>(numerics)];
+  });
+}
 llvm::json::Value fp8MinSizeDefault(Target target) {
   return defaultFp8MinSize(target);
 }
@@ -530,6 +553,10 @@ struct EntryOption {
   /// (fp8_scaling=delayed); the option's other values are accepted
   /// everywhere.
   llvm::StringRef statefulValue = "";
+  /// The one value whose measurements only a step's outputs can carry
+  /// (numerics=stats): amp.train_step returns them, amp-opt appends them
+  /// to main's results; amp.transform and amp.value_and_grad refuse it.
+  llvm::StringRef stepOutputsValue = "";
 };
 
 const EntryOption kEntryOptions[] = {
@@ -576,6 +603,9 @@ const EntryOption kEntryOptions[] = {
      canonicalOptimizerStateDtype},
     {"skip_nonfinite", "amp-loss-scale", "check-state", OptionKind::Bool,
      /*stateful=*/true},
+    {"numerics", "amp-numerics", "collect", OptionKind::Choice, false, false,
+     false, canonicalNumerics, nullptr, 0, "", "", "",
+     /*stepOutputsValue=*/"stats"},
 };
 
 llvm::StringRef kindName(OptionKind kind) {
@@ -717,6 +747,10 @@ llvm::json::Object passesJson() {
       {"max-scale", option(scale.maxScale)},
       {"check-state", option(scale.checkState)},
   };
+  AmpNumericsPassOptions numerics;
+  llvm::json::Object numericsOptions{
+      {"collect", option(numerics.collect, kNumericsNames)},
+  };
   return llvm::json::Object{
       {"amp-insert-converts",
        llvm::json::Object{{"options", std::move(insertConverts)},
@@ -729,6 +763,8 @@ llvm::json::Object passesJson() {
       {"amp-round-state",
        llvm::json::Object{{"options", std::move(roundStateOptions)}}},
       {"amp-loss-scale", llvm::json::Object{{"options", std::move(lossScale)}}},
+      {"amp-numerics",
+       llvm::json::Object{{"options", std::move(numericsOptions)}}},
       {"amp-simplify-converts", llvm::json::Object{{"options",
                                                     llvm::json::Object{}}}},
   };
@@ -764,6 +800,8 @@ llvm::json::Array entryOptionsJson(const llvm::json::Object &passes) {
       object["bf16_params_default"] = entry.bf16ParamsDefault;
     if (!entry.statefulValue.empty())
       object["stateful_value"] = entry.statefulValue;
+    if (!entry.stepOutputsValue.empty())
+      object["step_outputs_value"] = entry.stepOutputsValue;
     if (entry.targetDefault) {
       llvm::json::Object defaults;
       for (llvm::StringRef name : targetNames())
@@ -819,7 +857,10 @@ llvm::json::Object decisionKeysJson() {
                             {"gemm", decision_key::kGemm},
                             {"fp8", decision_key::kFp8},
                             {"gemm_reason", decision_key::kGemmReason},
-                            {"gemm_detail", decision_key::kGemmDetail}};
+                            {"gemm_detail", decision_key::kGemmDetail},
+                            {"gemm_stats", decision_key::kGemmStats},
+                            {"gemm_stats_formats",
+                             decision_key::kGemmStatsFormats}};
 }
 
 llvm::json::Object decisionsJson() {
@@ -879,6 +920,8 @@ std::string mlir::amp::contractJson() {
       {"loss_scale_counter", attr::kLossScaleCounter},
       {"grads_finite", attr::kGradsFinite},
       {"state_finite", attr::kStateFinite},
+      {"gemm_amax", attr::kGemmAmax},
+      {"gemm_counts", attr::kGemmCounts},
       {"rounding_key", attr::kRoundingKey},
       {"compensation", attr::kCompensation},
       {"optimizer_state", attr::kOptimizerState},
@@ -908,6 +951,7 @@ std::string mlir::amp::contractJson() {
       {"decisions", decisionsJson()},
       {"fp8_rooflines", fp8RooflinesJson()},
       {"mx_block", kMxBlock},
+      {"gemm_stats_counts", strings(gemmStatsCounts())},
       {"report", reportJson()},
       {"op_names", strings(shlo::knownOpNames())},
       {"linear_algebra_calls", strings(linearAlgebraCallPrefixes())},

@@ -59,6 +59,11 @@ inline constexpr llvm::StringLiteral kGradsFinite = "amp.grads_finite";
 /// Result attribute amp-loss-scale puts on what it appends with
 /// `check-state=true`: every float value of the new state is finite (i1).
 inline constexpr llvm::StringLiteral kStateFinite = "amp.state_finite";
+/// Results amp-numerics appends with `collect=stats`: per measured GEMM and
+/// operand, the amax (f32[G, 2]) and the counts of `gemmStatsCounts()`
+/// (i32[G, 2, 3]).
+inline constexpr llvm::StringLiteral kGemmAmax = "amp.gemm_amax";
+inline constexpr llvm::StringLiteral kGemmCounts = "amp.gemm_counts";
 /// Argument and result attribute amp-round-state puts on the random-bit
 /// state it appends (ui32[4]; the result is the next state).
 inline constexpr llvm::StringLiteral kRoundingKey = "amp.rounding_key";
@@ -113,6 +118,12 @@ inline constexpr llvm::StringLiteral kGemmReason =
     "gemm_reason"; ///< fp8IneligibilityId
 /// The dot's own detail of why it is not FP8 (its sizes), if any.
 inline constexpr llvm::StringLiteral kGemmDetail = "gemm_detail";
+// Written by amp-numerics.
+/// The GEMM's row in the statistics results.
+inline constexpr llvm::StringLiteral kGemmStats = "gemm_stats";
+/// Per operand, the format it is rounded to at the GEMM ("f8e4m3fn",
+/// "bf16"), or "" where it is computed in its own format.
+inline constexpr llvm::StringLiteral kGemmStatsFormats = "gemm_stats_formats";
 } // namespace decision_key
 
 /// Keys of the report JSON (collectPrecisionReport).
@@ -274,6 +285,14 @@ bool fp8ScalingIsStateful(Fp8Scaling scaling);
 inline constexpr int64_t kMxBlock = 32;
 /// amp-fp8-gemms' `mx-form` values: composite, dequantize.
 llvm::ArrayRef<llvm::StringRef> mxFormNames();
+
+/// amp-numerics' `collect` values: none, stats.
+enum class Numerics { None, Stats };
+llvm::ArrayRef<llvm::StringRef> numericsNames();
+llvm::Expected<Numerics> parseNumerics(llvm::StringRef text);
+/// The counts per GEMM operand in amp.gemm_counts, in its order: nonzero,
+/// underflow, saturated.
+llvm::ArrayRef<llvm::StringRef> gemmStatsCounts();
 
 /// FP8 only where it pays: a roofline of the target. An FP8 GEMM saves
 /// half the compute-dtype GEMM's time, 2*M*N*K / peak / 2; quantizing its

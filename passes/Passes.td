@@ -660,4 +660,51 @@ def AmpLossScalePass : Pass<"amp-loss-scale", "::mlir::ModuleOp"> {
   ];
 }
 
+def AmpNumericsPass : Pass<"amp-numerics", "::mlir::ModuleOp"> {
+  let summary = "Measures the numerics of a step inside it: range statistics "
+                "of every low-precision GEMM operand, as results of main.";
+  let description = [{
+    With `collect=stats`, for each low-precision GEMM at the top level of
+    the public function `main` (a `dot_general` whose operands are both 16
+    bits wide or narrower, or an `xla.scaled_dot` composite), in program
+    order, and for each of its two operands, the pass finds where the
+    operand was rounded to its format: the convert from a wider float type,
+    looked for through reshapes, transposes, optimization barriers and an
+    MXFP8 dequantization. From the value the convert rounds (after the FP8
+    scale, before the clamp) it measures, exactly and with no host
+    transfer:
+    - `amax`: the largest magnitude of the operand before scaling (f32);
+    - `nonzero`: how many values are not zero (NaN is not counted);
+    - `underflow`: how many nonzero values round to zero in the format:
+      `0 < |x| <= s / 2`, `s` the format's smallest subnormal (round to
+      nearest even sends a tie to zero);
+    - `saturated`: how many finite values the format cannot hold: above its
+      largest finite value where the rounding clamps (FP8 GEMMs), or
+      rounded to infinity where it does not (bf16, f16).
+    An operand with no rounding at its GEMM (computed in its own format)
+    gets its amax and nonzero count, and zero for the other two. Values are
+    read as the device reads them: XLA:CPU flushes f32 subnormals to zero,
+    so there no f32 value can underflow bf16 (whose smallest subnormal,
+    2^-133, is an f32 subnormal).
+    They are appended as two results: `amp.gemm_amax`, `f32[G, 2]`, and
+    `amp.gemm_counts`, `i32[G, 2, 3]` (nonzero, underflow, saturated), with
+    `G` the GEMMs measured, indexed as the report's `gemm_stats`; the
+    rounding's format of each operand is the report's `gemm_stats_formats`
+    (empty where there is none). GEMMs inside loops and functions are not
+    measured: their values do not reach main's results. The counts are
+    exact below 2^31 values per operand.
+
+    The reductions read the rounding's input next to the rounding, so XLA
+    can fuse them into the kernel that writes the rounded value. It runs
+    after amp-fp8-gemms, which makes the FP8 roundings it measures. With
+    `collect=none` the pass changes nothing.
+  }];
+  let options = [
+    Option<"collect", "collect", "std::string",
+           "::mlir::amp::numericsNames()[0].str()",
+           "What the step measures of its own numerics: none, or stats "
+           "(range statistics of each low-precision GEMM operand)">,
+  ];
+}
+
 #endif // STABLEHLO_AMP_PASSES_TD

@@ -51,9 +51,16 @@ llvm::json::Object decisionJson(Operation *op, DictionaryAttr decision) {
     if (!string(key).empty())
       record[key] = string(key);
   for (llvm::StringRef key :
-       {decision_key::kGroup, decision_key::kStored, decision_key::kFp8})
+       {decision_key::kGroup, decision_key::kStored, decision_key::kFp8,
+        decision_key::kGemmStats})
     if (auto index = decision.getAs<IntegerAttr>(key))
       record[key] = index.getInt();
+  if (auto formats = decision.getAs<ArrayAttr>(decision_key::kGemmStatsFormats)) {
+    llvm::json::Array names;
+    for (auto name : formats.getAsValueRange<StringAttr>())
+      names.push_back(name);
+    record[decision_key::kGemmStatsFormats] = std::move(names);
+  }
   return record;
 }
 } // namespace

@@ -760,6 +760,46 @@ Value shlo::buildReduce(OpBuilder &builder, Location loc, Value value,
   return reduce->getResult(0);
 }
 
+llvm::SmallVector<Value>
+shlo::buildReduceAllTogether(OpBuilder &builder, Location loc,
+                             ValueRange values,
+                             llvm::ArrayRef<llvm::StringRef> combiners,
+                             llvm::ArrayRef<double> inits) {
+  auto shape = cast<RankedTensorType>(values.front().getType()).getShape();
+  llvm::SmallVector<int64_t> dims;
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d)
+    dims.push_back(d);
+  OperationState state(loc, opName("reduce"));
+  llvm::SmallVector<Type> scalars;
+  llvm::SmallVector<Location> locs(2 * values.size(), loc);
+  state.addOperands(values);
+  for (auto [value, init] : llvm::zip_equal(values, inits)) {
+    Type element = cast<RankedTensorType>(value.getType()).getElementType();
+    state.addOperands(buildScalar(builder, loc, element, init));
+    scalars.push_back(RankedTensorType::get({}, element));
+  }
+  state.addTypes(scalars);
+  state.propertiesAttr = builder.getDictionaryAttr({builder.getNamedAttr(
+      "dimensions", builder.getDenseI64ArrayAttr(dims))});
+  Region *body = state.addRegion();
+  Block *block = new Block();
+  body->push_back(block);
+  // The body takes the accumulators, then the elements.
+  llvm::SmallVector<Type> arguments(scalars);
+  arguments.append(scalars);
+  block->addArguments(arguments, locs);
+  Operation *reduce = builder.create(state);
+  OpBuilder::InsertionGuard guard(builder);
+  builder.setInsertionPointToStart(block);
+  llvm::SmallVector<Value> combined;
+  for (auto [i, combiner] : llvm::enumerate(combiners))
+    combined.push_back(buildElementwise(
+        builder, loc, combiner,
+        {block->getArgument(i), block->getArgument(values.size() + i)}));
+  buildRegionReturn(builder, loc, combined);
+  return llvm::SmallVector<Value>(reduce->getResults());
+}
+
 Value shlo::buildReduceAll(OpBuilder &builder, Location loc, Value value,
                            llvm::StringRef combiner, double init) {
   auto type = cast<RankedTensorType>(value.getType());

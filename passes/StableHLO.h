@@ -226,6 +226,13 @@ Value buildIota(OpBuilder &builder, Location loc, RankedTensorType type,
 /// `combiner` ("and", "maximum", "add") and the initial value `init`.
 Value buildReduceAll(OpBuilder &builder, Location loc, Value value,
                      llvm::StringRef combiner, double init);
+/// Full reductions of `values` (tensors of one shape) as one variadic
+/// `stablehlo.reduce`, value i with `combiners[i]` from `inits[i]`: one
+/// pass over the elements (XLA runs it as one kernel).
+llvm::SmallVector<Value>
+buildReduceAllTogether(OpBuilder &builder, Location loc, ValueRange values,
+                       llvm::ArrayRef<llvm::StringRef> combiners,
+                       llvm::ArrayRef<double> inits);
 /// A reduction of `value` over `dimensions` with the binary combiner
 /// `combiner` and the initial value `init`.
 Value buildReduce(OpBuilder &builder, Location loc, Value value,

@@ -12,6 +12,7 @@ from stablehlo_amp._src.pipeline import (AmpError, InvalidIRError,
                                          RewriteError, RewriteOptions,
                                          RewriteResult, VerificationError,
                                          rewrite, rewrite_module)
+from stablehlo_amp._src.numerics import GemmStats, explain
 from stablehlo_amp._src.policy import Policy
 from stablehlo_amp._src.report import OpDecision, Report
 from stablehlo_amp._src.program import Lowered, Timings
@@ -23,6 +24,7 @@ from stablehlo_amp._src.transform import Transformed, transform
 __all__ = [
     "AmpError",
     "DynamicLossScale",
+    "GemmStats",
     "NoOpLossScale",
     "PrecisionHandler",
     "StaticLossScale",
@@ -30,6 +32,7 @@ __all__ = [
     "TrainStep",
     "ValueAndGrad",
     "all_finite",
+    "explain",
     "select_tree",
     "train_step",
     "value_and_grad",

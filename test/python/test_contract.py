@@ -257,7 +257,8 @@ def _schema_program(x, w, v, w2):
   """Writes every decision key: a sum reduction kept f32 (`detail`), a
   lowered dot (`group`), exp stored in bf16 across a dot (`stored`), an FP8
   dot (`gemm`, `fp8`) and one whose 30 rows keep it bf16 (`gemm_reason`,
-  `gemm_detail`)."""
+  `gemm_detail`); with numerics="stats", every low-precision dot's row in
+  the statistics (`gemm_stats`, `gemm_stats_formats`)."""
   h = jnp.exp(x @ w) * (x @ w2)
   return h.sum() + (v @ w).sum()
 
@@ -280,8 +281,11 @@ def report_json() -> str:
 
   with pytest.MonkeyPatch.context() as patch:
     patch.setattr(report_module.Report, "from_json", classmethod(capture))
-    amp.transform(_schema_program, _SCHEMA_POLICY, target="gpu",
-                  fp8_min_size=0).lower(*_SCHEMA_ARGS).report()
+    # rewrite_module: the statistics' GEMM rows (numerics="stats") are
+    # results only a training step or a module rewrite returns.
+    amp.rewrite_module(jax.jit(_schema_program).lower(*_SCHEMA_ARGS).as_text(),
+                       _SCHEMA_POLICY, target="gpu", fp8_min_size=0,
+                       numerics="stats").report
   assert len(captured) == 1
   return captured[0]
 
@@ -316,7 +320,8 @@ def test_the_decision_attribute_has_exactly_the_keys_of_the_contract():
   extension's report turns them into JSON."""
   text = jax.jit(_schema_program).lower(*_SCHEMA_ARGS).as_text()
   policy = amp.Policy.parse(_SCHEMA_POLICY)
-  options = pl.RewriteOptions.make(target="gpu", fp8_min_size=0)
+  options = pl.RewriteOptions.make(target="gpu", fp8_min_size=0,
+                                   numerics="stats")
   context = pl.ir_context()
   with context:
     module = pl.parse_module(text, context, "<schema>", pl.SourceForm())

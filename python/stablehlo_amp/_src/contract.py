@@ -59,6 +59,16 @@ FP8_GEMMS = "amp-fp8-gemms"
 REMATERIALIZE = "amp-rematerialize"
 ROUND_STATE = "amp-round-state"
 SIMPLIFY_CONVERTS = "amp-simplify-converts"
+NUMERICS = "amp-numerics"
+# The state field of roles that are measurements, not state: a step returns
+# them and nothing gives them back.
+METRICS_FIELD = "metrics"
+
+
+def gemm_stats_counts() -> tuple[str, ...]:
+  """What amp-numerics counts per GEMM operand, in the order of the last
+  dimension of its counts result: ("nonzero", "underflow", "saturated")."""
+  return tuple(document()["gemm_stats_counts"])
 
 
 def loss_scale_fields() -> tuple[Mapping[str, Any], ...]:

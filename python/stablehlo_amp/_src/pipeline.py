@@ -111,6 +111,7 @@ def check_option_names(given: Iterable[str] | Mapping[str, Any],
         unknown, accepted, accepted_options(stateful=True)))
   if not stateful and isinstance(given, Mapping):
     check_stateless_values(given)
+    check_function_outputs(given)
 
 
 def check_stateless_values(given: Mapping[str, Any]) -> None:
@@ -125,6 +126,21 @@ def check_stateless_values(given: Mapping[str, Any]) -> None:
       raise ValueError(
           f"{name}={value!r} keeps state across steps, which only "
           f"amp.train_step carries; here use {', '.join(others)}")
+
+
+def check_function_outputs(given: Mapping[str, Any]) -> None:
+  """ValueError for an option value whose measurements only a training
+  step's outputs carry (the contract's ``step_outputs_value``:
+  ``numerics="stats"``), given to an entry point that returns the
+  function's own outputs."""
+  for name, value in given.items():
+    spec = contract.options().get(name, {})
+    if value is not None and value == spec.get("step_outputs_value"):
+      raise ValueError(
+          f"{name}={value!r} returns its measurements as outputs of a "
+          "training step: amp.train_step puts them in its metrics, amp-opt "
+          "appends them to main's results; amp.transform and "
+          "amp.value_and_grad return only the function's own outputs")
 
 
 def options_help(stateful: bool, indent: int = 0) -> str:
@@ -298,6 +314,9 @@ def build_pipeline(policy: Policy, options: RewriteOptions, *,
     passes.append(_pass_text(contract.FP8_GEMMS, dict(
         gemm=policy.gemm, **options.pass_options(contract.FP8_GEMMS),
         mx_form=jax_compat.mx_form(options.target), report=report)))
+  if options.numerics != contract.values("numerics").none:
+    passes.append(_pass_text(contract.NUMERICS,
+                             options.pass_options(contract.NUMERICS)))
   if options.runs(contract.REMATERIALIZE) and not identity:
     passes.append(_pass_text(contract.REMATERIALIZE,
                              options.pass_options(contract.REMATERIALIZE)))

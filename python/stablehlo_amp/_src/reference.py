@@ -95,6 +95,12 @@ def _taken_by(name: str, spec: dict) -> str:
     return "none: set by stablehlo-amp itself"
   if name not in pl.accepted_options(stateful=False):
     return "`train_step`"
+  if spec.get("stateful_value"):
+    return ("`transform`, `value_and_grad`, `train_step`, `amp-opt` "
+            f"(`{spec['stateful_value']}`: `train_step`)")
+  if spec.get("step_outputs_value"):
+    return ("`transform`, `value_and_grad`, `train_step`, `amp-opt` "
+            f"(`{spec['step_outputs_value']}`: `train_step`, `amp-opt`)")
   return "`transform`, `value_and_grad`, `train_step`, `amp-opt`"
 
 

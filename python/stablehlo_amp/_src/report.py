@@ -75,6 +75,10 @@ class OpDecision:
   # FP8 dot) in the program XLA compiles: see `Report.with_compiled`.
   stored_index: int | None = None
   fp8_index: int | None = None
+  # numerics="stats": the GEMM's row in the step's statistics, and per
+  # operand the format it is rounded to there ("" where it is not).
+  stats_index: int | None = None
+  stats_formats: tuple[str, ...] = ()
 
   @property
   def where(self) -> str:
@@ -194,7 +198,9 @@ class Report:
                    stored=k.stored in d, gemm=d.get(k.gemm, ""),
                    gemm_reason_id=d.get(k.gemm_reason, ""),
                    gemm_detail=d.get(k.gemm_detail, ""),
-                   stored_index=d.get(k.stored), fp8_index=d.get(k.fp8))
+                   stored_index=d.get(k.stored), fp8_index=d.get(k.fp8),
+                   stats_index=d.get(k.gemm_stats),
+                   stats_formats=tuple(d.get(k.gemm_stats_formats, ())))
         for d in data[_KEY.ops])
     return cls(policy, level, target, decisions,
                data[_KEY.converts_inserted], data[_KEY.converts_total],

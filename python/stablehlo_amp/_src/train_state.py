@@ -223,12 +223,23 @@ def appended_results(program: prog.Program, extra: Sequence[Any]
 
 def taken_fields(program: prog.Program, fields: Mapping[str, Any],
                  extra: Sequence[Any], step: StepContext) -> dict[str, Any]:
-  """The new value of each field the program's appended results write."""
+  """The new value of each field the program's appended results write
+  (measurements, `appended_metrics`, are no field of the state)."""
   grouped = _by_field(program.extra_out_roles, program.extra_out_owners)
   return {field: SLOTS[field].taken(fields.get(field),
                                     [extra[i] for i in positions], owners,
                                     step)
-          for field, (positions, _, owners) in grouped.items()}
+          for field, (positions, _, owners) in grouped.items()
+          if field != contract.METRICS_FIELD}
+
+
+def appended_metrics(program: prog.Program, extra: Sequence[Any]
+                     ) -> dict[str, Any]:
+  """The measurements the passes appended (amp-numerics'), by role
+  attribute: what a step returns in its metrics."""
+  table = contract.state_roles()
+  return {role: extra[i] for i, role in enumerate(program.extra_out_roles)
+          if table[role]["field"] == contract.METRICS_FIELD}
 
 
 # -- the optimizer state, stored low ------------------------------------------

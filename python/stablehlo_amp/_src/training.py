@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 from stablehlo_amp._src import contract
 from stablehlo_amp._src import jax_compat
+from stablehlo_amp._src import numerics
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
 from stablehlo_amp._src import train_state as ts
@@ -650,6 +651,11 @@ class TrainStep(_LossScaledProgram):
                "skipped_steps": state.skipped_steps}
     if state_finite is not None:
       metrics["state_finite"] = state_finite
+    measured = ts.appended_metrics(program, extra)
+    if measured:
+      metrics["gemm_stats"] = numerics.GemmStats.from_results(
+          measured[contract.attribute("gemm_amax")],
+          measured[contract.attribute("gemm_counts")])
     if self.has_aux:
       metrics["aux"] = aux
     return state, metrics
