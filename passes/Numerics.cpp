@@ -15,6 +15,7 @@
 
 #include "llvm/ADT/APFloat.h"
 #include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/MapVector.h"
 
 namespace mlir::amp {
 #define GEN_PASS_DEF_AMPNUMERICSPASS
@@ -47,6 +48,22 @@ bool isLowPrecisionGemm(Operation *op) {
   return shlo::compositeName(op) == attr::kScaledDotComposite;
 }
 
+/// What a loop carries unchanged into the argument `value` of its body
+/// (the stacked weights of a scan): the value that entered the loop; null
+/// for any other value.
+Value enteringLoop(Value value) {
+  auto argument = dyn_cast<BlockArgument>(value);
+  if (!argument)
+    return {};
+  Operation *loop = argument.getOwner()->getParentOp();
+  if (!loop || !shlo::is(loop, "while") ||
+      argument.getOwner() != &loop->getRegion(1).front() ||
+      argument.getOwner()->getTerminator()->getOperand(
+          argument.getArgNumber()) != argument)
+    return {};
+  return loop->getOperand(argument.getArgNumber());
+}
+
 /// The rounding of a GEMM operand: its defining convert from a wider float
 /// type, through ops that move values without changing them (reshape,
 /// transpose, an optimization barrier) and an MXFP8 dequantization (codes
@@ -55,10 +72,17 @@ bool isLowPrecisionGemm(Operation *op) {
 std::optional<Rounding> roundingOf(Value operand) {
   Value value = operand;
   for (int step = 0; step < 16; ++step) {
+    if (isa<BlockArgument>(value)) {
+      value = enteringLoop(value);
+      if (!value)
+        return std::nullopt;
+      continue;
+    }
     Operation *op = value.getDefiningOp();
-    if (!op)
-      return std::nullopt;
-    if (shlo::is(op, "reshape") || shlo::is(op, "transpose")) {
+    if (shlo::is(op, "reshape") || shlo::is(op, "transpose") ||
+        shlo::is(op, "slice") || shlo::is(op, "dynamic_slice")) {
+      // A slice reads part of what was rounded (a layer of stacked
+      // weights in a scan): the whole is measured.
       value = op->getOperand(0);
       continue;
     }
@@ -84,7 +108,13 @@ std::optional<Rounding> roundingOf(Value operand) {
       value = op->getOperand(0);
       continue;
     }
-    Rounding rounding{op->getOperand(0), op->getOperand(0), to};
+    // A loop that rounds what it carries unchanged (a scan's stacked
+    // weights, whole, on every iteration) rounds the same values each
+    // time: they are measured once, where they enter the loop.
+    Value input = op->getOperand(0);
+    while (Value entering = enteringLoop(input))
+      input = entering;
+    Rounding rounding{input, input, to};
     if (Operation *clamp = rounding.input.getDefiningOp();
         clamp && shlo::is(clamp, "clamp")) {
       rounding.input = clamp->getOperand(1);
@@ -123,6 +153,14 @@ public:
   void runOnOperation() override;
 
 private:
+  /// A rounding read by several GEMMs (a weight, forward and backward) is
+  /// measured once.
+  llvm::DenseMap<Value, OperandStats> measured;
+  /// GEMMs measured so far: the next one's row.
+  int64_t gemms = 0;
+
+  void measureBlock(Block &block, llvm::SmallVectorImpl<OperandStats> &out);
+  void measureLoop(Operation *loop, llvm::SmallVectorImpl<OperandStats> &out);
   OperandStats measure(OpBuilder &builder, Location loc,
                        const Rounding &rounding);
   OperandStats measureUnrounded(OpBuilder &builder, Location loc,
@@ -213,6 +251,126 @@ OperandStats NumericsPass::measureUnrounded(OpBuilder &builder, Location loc,
   return stats;
 }
 
+/// Measures the low-precision GEMMs of `block` in program order, and
+/// those of the loops in it (accumulated over their iterations, carried
+/// out as more results of each loop): appends two operands' statistics per
+/// GEMM to `out`, as values of `block`.
+void NumericsPass::measureBlock(Block &block,
+                                llvm::SmallVectorImpl<OperandStats> &out) {
+  MLIRContext *context = &getContext();
+  OpBuilder builder(context);
+  for (Operation &op : llvm::make_early_inc_range(block)) {
+    if (shlo::is(&op, "while")) {
+      measureLoop(&op, out);
+      continue;
+    }
+    if (!isLowPrecisionGemm(&op))
+      continue;
+    llvm::SmallVector<Attribute, 2> formats;
+    for (unsigned index = 0; index < 2; ++index) {
+      Value operand = op.getOperand(index);
+      std::optional<Rounding> rounding = roundingOf(operand);
+      Value key = rounding ? rounding->input : operand;
+      auto found = measured.find(key);
+      if (found == measured.end()) {
+        // Next to the value measured, so its reductions can fuse with the
+        // kernel that writes it (and the value need not live longer).
+        if (Operation *producer = key.getDefiningOp())
+          builder.setInsertionPointAfter(producer);
+        else
+          builder.setInsertionPointToStart(
+              cast<BlockArgument>(key).getOwner());
+        OperandStats stats =
+            rounding ? measure(builder, op.getLoc(), *rounding)
+                     : measureUnrounded(builder, op.getLoc(), operand);
+        found = measured.try_emplace(key, stats).first;
+      }
+      out.push_back(found->second);
+      formats.push_back(StringAttr::get(
+          context, rounding ? formatName(rounding->format) : ""));
+    }
+    if (auto decision = op.getAttrOfType<DictionaryAttr>(attr::kDecision)) {
+      NamedAttrList fields(decision);
+      fields.set(decision_key::kGemmStats,
+                 IntegerAttr::get(IntegerType::get(context, 64), gemms));
+      fields.set(decision_key::kGemmStatsFormats,
+                 ArrayAttr::get(context, formats));
+      op.setAttr(attr::kDecision, fields.getDictionary(context));
+    }
+    ++gemms;
+  }
+}
+
+/// A loop's GEMMs, measured in its body and accumulated over its
+/// iterations: the larger amax, the counts summed, carried by the loop
+/// from zeros.
+void NumericsPass::measureLoop(Operation *loop,
+                               llvm::SmallVectorImpl<OperandStats> &out) {
+  llvm::SmallVector<OperandStats> inner;
+  measureBlock(loop->getRegion(1).front(), inner);
+  if (inner.empty())
+    return;
+  OpBuilder builder(loop);
+  Location loc = loop->getLoc();
+  // Statistics of a rounding outside the loop (what it carries unchanged)
+  // are measured once there, and not accumulated (decided before the loop
+  // is replaced).
+  llvm::SmallVector<bool> inLoop;
+  for (OperandStats &stats : inner)
+    inLoop.push_back(
+        loop->isAncestor(stats.amax.getParentRegion()->getParentOp()));
+  // Each distinct value once (both operands of a GEMM may be one rounding;
+  // an unrounded operand's zero counts are one constant), with how it
+  // accumulates.
+  llvm::MapVector<Value, llvm::StringRef> perIteration;
+  auto constant = [](Value value) {
+    return value.getDefiningOp() && shlo::isConstant(value.getDefiningOp());
+  };
+  for (auto [stats, inside] : llvm::zip_equal(inner, inLoop)) {
+    if (!inside)
+      continue;
+    perIteration.insert({stats.amax, "maximum"});
+    for (Value count : stats.counts)
+      if (!constant(count)) // a count of zero stays zero
+        perIteration.insert({count, "add"});
+  }
+  if (perIteration.empty()) {
+    out.append(inner.begin(), inner.end());
+    return;
+  }
+  llvm::SmallVector<Value> inits;
+  for (auto &entry : perIteration)
+    inits.push_back(shlo::buildScalar(
+        builder, loc,
+        cast<RankedTensorType>(entry.first.getType()).getElementType(), 0));
+  Operation *grown = shlo::extendWhile(
+      builder, loop, inits, [&](OpBuilder &body, ValueRange carried) {
+        llvm::SmallVector<Value> next;
+        for (auto [i, entry] : llvm::enumerate(perIteration))
+          next.push_back(shlo::buildElementwise(
+              body, loc, entry.second, {carried[i], entry.first}));
+        return next;
+      });
+  auto results = grown->getResults().take_back(perIteration.size());
+  builder.setInsertionPointAfter(grown);
+  Value zero = shlo::buildScalar(builder, loc, builder.getI32Type(), 0);
+  auto total = [&](Value value) -> Value {
+    if (constant(value))
+      return zero;
+    return results[perIteration.find(value) - perIteration.begin()];
+  };
+  for (auto [stats, inside] : llvm::zip_equal(inner, inLoop)) {
+    if (!inside) {
+      out.push_back(stats);
+      continue;
+    }
+    OperandStats accumulated{total(stats.amax), {}};
+    for (Value count : stats.counts)
+      accumulated.counts.push_back(total(count));
+    out.push_back(accumulated);
+  }
+}
+
 void NumericsPass::runOnOperation() {
   ModuleOp module = getOperation();
   llvm::Expected<Numerics> parsed = parseNumerics(collect);
@@ -238,51 +396,18 @@ void NumericsPass::runOnOperation() {
   MLIRContext *context = &getContext();
   Location loc = main.getLoc();
   Type f32 = Float32Type::get(context), i32 = IntegerType::get(context, 32);
-  // A rounding read by several GEMMs (a weight, forward and backward) is
-  // measured once.
-  llvm::DenseMap<Value, OperandStats> measured;
+  measured.clear();
+  gemms = 0;
+  llvm::SmallVector<OperandStats> operands;
+  measureBlock(main.front(), operands);
   llvm::SmallVector<Value> amaxes, counts;
-  int64_t gemms = 0;
-  OpBuilder builder(context);
-  for (Operation &op : llvm::make_early_inc_range(main.front())) {
-    if (!isLowPrecisionGemm(&op))
-      continue;
-    llvm::SmallVector<Attribute, 2> formats;
-    for (unsigned index = 0; index < 2; ++index) {
-      Value operand = op.getOperand(index);
-      std::optional<Rounding> rounding = roundingOf(operand);
-      Value key = rounding ? rounding->input : operand;
-      auto found = measured.find(key);
-      if (found == measured.end()) {
-        // Next to the value measured, so its reductions can fuse with the
-        // kernel that writes it (and the value need not live longer).
-        if (Operation *producer = key.getDefiningOp())
-          builder.setInsertionPointAfter(producer);
-        else
-          builder.setInsertionPointToStart(&main.front());
-        OperandStats stats =
-            rounding ? measure(builder, op.getLoc(), *rounding)
-                     : measureUnrounded(builder, op.getLoc(), operand);
-        found = measured.try_emplace(key, stats).first;
-      }
-      amaxes.push_back(found->second.amax);
-      llvm::append_range(counts, found->second.counts);
-      formats.push_back(StringAttr::get(
-          context, rounding ? formatName(rounding->format) : ""));
-    }
-    if (auto decision = op.getAttrOfType<DictionaryAttr>(attr::kDecision)) {
-      NamedAttrList fields(decision);
-      fields.set(decision_key::kGemmStats,
-                 IntegerAttr::get(IntegerType::get(context, 64), gemms));
-      fields.set(decision_key::kGemmStatsFormats,
-                 ArrayAttr::get(context, formats));
-      op.setAttr(attr::kDecision, fields.getDictionary(context));
-    }
-    ++gemms;
+  for (const OperandStats &stats : operands) {
+    amaxes.push_back(stats.amax);
+    llvm::append_range(counts, stats.counts);
   }
   // The results: every scalar as one element, then shaped [G, 2] and
   // [G, 2, counts].
-  builder.setInsertionPoint(main.front().getTerminator());
+  OpBuilder builder(main.front().getTerminator());
   int64_t perOperand = gemmStatsCounts().size();
   auto gathered = [&](llvm::ArrayRef<Value> scalars, Type element,
                       llvm::ArrayRef<int64_t> shape) {

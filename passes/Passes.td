@@ -664,13 +664,13 @@ def AmpNumericsPass : Pass<"amp-numerics", "::mlir::ModuleOp"> {
   let summary = "Measures the numerics of a step inside it: range statistics "
                 "of every low-precision GEMM operand, as results of main.";
   let description = [{
-    With `collect=stats`, for each low-precision GEMM at the top level of
-    the public function `main` (a `dot_general` whose operands are both 16
-    bits wide or narrower, or an `xla.scaled_dot` composite), in program
-    order, and for each of its two operands, the pass finds where the
-    operand was rounded to its format: the convert from a wider float type,
-    looked for through reshapes, transposes, optimization barriers and an
-    MXFP8 dequantization. From the value the convert rounds (after the FP8
+    With `collect=stats`, for each low-precision GEMM of the public
+    function `main` (a `dot_general` whose operands are both 16 bits wide
+    or narrower, or an `xla.scaled_dot` composite), in program order, and
+    for each of its two operands, the pass finds where the operand was
+    rounded to its format: the convert from a wider float type, looked for
+    through reshapes, transposes, slices, optimization barriers, an MXFP8
+    dequantization and what a loop carries unchanged. From the value the convert rounds (after the FP8
     scale, before the clamp) it measures, exactly and with no host
     transfer:
     - `amax`: the largest magnitude of the operand before scaling (f32);
@@ -690,9 +690,18 @@ def AmpNumericsPass : Pass<"amp-numerics", "::mlir::ModuleOp"> {
     `amp.gemm_counts`, `i32[G, 2, 3]` (nonzero, underflow, saturated), with
     `G` the GEMMs measured, indexed as the report's `gemm_stats`; the
     rounding's format of each operand is the report's `gemm_stats_formats`
-    (empty where there is none). GEMMs inside loops and functions are not
-    measured: their values do not reach main's results. The counts are
-    exact below 2^31 values per operand.
+    (empty where there is none). The counts are exact below 2^31 values
+    per operand.
+
+    A GEMM in a `while` body (a `jax.lax.scan` over layers) is measured in
+    the body and accumulated over the iterations (the larger amax, the
+    counts summed) in values the loop carries from zeros, which leave it as
+    more results. A rounding of what the loop carries unchanged, whole on
+    every iteration (a scan's stacked weights), is measured once where it
+    enters the loop, and a slice of a rounding counts as the rounding: the
+    statistics of every layer's weights, each value once. GEMMs in
+    conditionals (`if`, `case`) and in functions called from main are not
+    measured.
 
     The reductions read the rounding's input next to the rounding, so XLA
     can fuse them into the kernel that writes the rounded value. It runs

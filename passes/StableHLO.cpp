@@ -811,6 +811,41 @@ Value shlo::buildReduceAll(OpBuilder &builder, Location loc, Value value,
   return buildReduce(builder, loc, value, dims, combiner, init);
 }
 
+Operation *shlo::extendWhile(
+    OpBuilder &builder, Operation *loop, ValueRange inits,
+    llvm::function_ref<llvm::SmallVector<Value>(OpBuilder &, ValueRange)>
+        next) {
+  OpBuilder::InsertionGuard guard(builder);
+  builder.setInsertionPoint(loop);
+  OperationState state(loop->getLoc(), loop->getName().getStringRef());
+  state.addOperands(loop->getOperands());
+  state.addOperands(inits);
+  state.addTypes(loop->getResultTypes());
+  state.addTypes(inits.getTypes());
+  state.propertiesAttr = loop->getPropertiesAsAttribute();
+  state.addAttributes(loop->getDiscardableAttrDictionary().getValue());
+  for (Region &region : loop->getRegions())
+    state.addRegion()->takeBody(region);
+  Operation *grown = builder.create(state);
+  // The condition and the body both take the carried values.
+  for (Region &region : grown->getRegions())
+    for (Value init : inits)
+      region.front().addArgument(init.getType(), loop->getLoc());
+  Block &body = grown->getRegion(1).front();
+  Operation *terminator = body.getTerminator();
+  builder.setInsertionPoint(terminator);
+  llvm::SmallVector<Value> nextValues =
+      next(builder, body.getArguments().take_back(inits.size()));
+  llvm::SmallVector<Value> returned(terminator->getOperands());
+  llvm::append_range(returned, nextValues);
+  terminator->setOperands(returned);
+  for (auto [old, replacement] :
+       llvm::zip(loop->getResults(), grown->getResults()))
+    old.replaceAllUsesWith(replacement);
+  loop->erase();
+  return grown;
+}
+
 Operation *shlo::buildComposite(OpBuilder &builder, Location loc,
                                 llvm::StringRef name, ValueRange operands,
                                 Type resultType, DictionaryAttr attributes,

@@ -253,6 +253,14 @@ Value buildSlice(OpBuilder &builder, Location loc, Value value,
 /// `stablehlo.concatenate` of `values` along `dimension`.
 Value buildConcatenate(OpBuilder &builder, Location loc, ValueRange values,
                        int64_t dimension);
+/// `loop` (a `stablehlo.while`) carrying more values: `inits` enter it,
+/// `next(builder, carried)` makes their values for the next iteration in
+/// the body (before its return), and the new loop's last results are
+/// their final values. `loop`'s results are replaced and it is erased.
+Operation *extendWhile(
+    OpBuilder &builder, Operation *loop, ValueRange inits,
+    llvm::function_ref<llvm::SmallVector<Value>(OpBuilder &, ValueRange)>
+        next);
 /// `stablehlo.composite "name"` of `operands` with `attributes`, which
 /// `decomposition` (a function of the same signature) implements.
 Operation *buildComposite(OpBuilder &builder, Location loc,

@@ -5,7 +5,8 @@
 // |x| >= 2^128 * (1 - 2^-9)); an FP8 quantization (clamped: saturated means
 // above 448; amax of the operand before scaling); an operand computed in
 // bf16 (amax and nonzero only); a rounding read by two GEMMs measured once;
-// a dot in a loop not measured; collect=none; bad options; no main.
+// GEMMs in a loop accumulated over its iterations, a loop-invariant
+// rounding measured once outside; collect=none; bad options; no main.
 //
 // RUN: rm -rf %t && split-file %s %t
 // RUN: amp-opt %t/bf16.mlir --pass-pipeline='builtin.module(amp-numerics{collect=stats})' | FileCheck %s --check-prefix=BF16 --implicit-check-not='is_finite %arg1'
@@ -101,22 +102,43 @@ func.func @main(%x: tensor<16x32xf32>, %w: tensor<32x64xf32>) -> tensor<16x64xf3
 
 //--- loop.mlir
 
-// A GEMM in a loop body cannot hand its values to main's results: none is
-// measured, and the results say so by their shape (zero GEMMs).
+// A GEMM in a loop body is measured there and accumulated over the
+// iterations in values the loop carries from zeros (the larger amax, the
+// counts summed); both operands of the first are one value, carried once; the loop's
+// results after its own are the totals. The stacked %w the loop carries
+// unchanged and rounds whole on every iteration is measured once, before
+// the loop: its rounding reads the same values each time.
 // LOOP-LABEL: func.func @main
-// LOOP-SAME: tensor<0x2xf32> {amp.gemm_amax}, tensor<0x2x3xi32> {amp.gemm_counts}
-// LOOP: stablehlo.broadcast_in_dim {{.*}} -> tensor<0x2xf32>
-func.func @main(%x: tensor<4x4xbf16>, %n: tensor<i32>) -> tensor<4x4xbf16> {
+// LOOP-SAME: tensor<2x2xf32> {amp.gemm_amax}, tensor<2x2x3xi32> {amp.gemm_counts}
+// LOOP: %[[WABS:.*]] = stablehlo.abs %arg2 : tensor<3x4x4xf32>
+// LOOP: stablehlo.reduce(%[[WABS]] init: {{.*}}) across dimensions = [0, 1, 2]
+// Carried: the loop's own three, then the amax and nonzero count of %a
+// and of %d (computed in bf16: no rounding, zero counts, not carried).
+// LOOP: %[[LOOP:.*]]:7 = stablehlo.while(%{{.*}} = %{{.*}}, %{{.*}} = %arg0, %{{.*}} = %arg2, %[[AMAX:[a-zA-Z0-9_]+]] = %{{.*}}, %{{.*}} = %{{.*}}, %{{.*}} = %{{.*}}, %{{.*}} = %{{.*}})
+// LOOP: do {
+// LOOP: stablehlo.abs %iterArg_{{[0-9]+}} : tensor<4x4xbf16>
+// LOOP: %[[ONE:.*]]:2 = stablehlo.reduce
+// LOOP: stablehlo.dot_general
+// LOOP: %[[NEXT:.*]] = stablehlo.maximum %[[AMAX]], %[[ONE]]#0 : tensor<f32>
+// LOOP: stablehlo.return {{.*}}, %[[NEXT]], {{.*}} : tensor<i32>, tensor<4x4xbf16>, tensor<3x4x4xf32>, tensor<f32>, tensor<i32>, tensor<f32>, tensor<i32>
+// LOOP: stablehlo.reshape %[[LOOP]]#3 : (tensor<f32>) -> tensor<1xf32>
+// LOOP: stablehlo.reshape %[[LOOP]]#3 : (tensor<f32>) -> tensor<1xf32>
+func.func @main(%x: tensor<4x4xbf16>, %n: tensor<i32>, %w: tensor<3x4x4xf32>) -> tensor<4x4xbf16> {
   %c0 = stablehlo.constant dense<0> : tensor<i32>
-  %r:2 = stablehlo.while(%i = %c0, %a = %x) : tensor<i32>, tensor<4x4xbf16>
+  %r:3 = stablehlo.while(%i = %c0, %a = %x, %ws = %w) : tensor<i32>, tensor<4x4xbf16>, tensor<3x4x4xf32>
     cond {
       %lt = stablehlo.compare LT, %i, %n : (tensor<i32>, tensor<i32>) -> tensor<i1>
       stablehlo.return %lt : tensor<i1>
     } do {
       %d = stablehlo.dot_general %a, %a, contracting_dims = [1] x [0] : (tensor<4x4xbf16>, tensor<4x4xbf16>) -> tensor<4x4xbf16>
+      %wb = stablehlo.convert %ws : (tensor<3x4x4xf32>) -> tensor<3x4x4xbf16>
+      %z = stablehlo.constant dense<0> : tensor<i32>
+      %layer = stablehlo.dynamic_slice %wb, %i, %z, %z, sizes = [1, 4, 4] : (tensor<3x4x4xbf16>, tensor<i32>, tensor<i32>, tensor<i32>) -> tensor<1x4x4xbf16>
+      %wl = stablehlo.reshape %layer : (tensor<1x4x4xbf16>) -> tensor<4x4xbf16>
+      %e = stablehlo.dot_general %d, %wl, contracting_dims = [1] x [0] : (tensor<4x4xbf16>, tensor<4x4xbf16>) -> tensor<4x4xbf16>
       %one = stablehlo.constant dense<1> : tensor<i32>
       %j = stablehlo.add %i, %one : tensor<i32>
-      stablehlo.return %j, %d : tensor<i32>, tensor<4x4xbf16>
+      stablehlo.return %j, %e, %ws : tensor<i32>, tensor<4x4xbf16>, tensor<3x4x4xf32>
     }
   return %r#1 : tensor<4x4xbf16>
 }

@@ -76,9 +76,18 @@ def _reference(values: np.ndarray, fmt, *, clamped: bool) -> dict:
               np.abs(values) > largest if clamped else ~np.isfinite(rounded))))}
 
 
+def _exact_scale(x: np.ndarray) -> np.ndarray:
+  """`x` with each matrix's amax 0.875 = 448 * 2^-9 = 57344 * 2^-16: its
+  E4M3 and E5M2 scales are powers of two, so the scaled values are exact
+  however the device divides (XLA may multiply by the reciprocal)."""
+  x = np.clip(x, -0.8, 0.8)
+  x.reshape(-1, *x.shape[-2:])[:, 0, 0] = 0.875
+  return x
+
+
 @pytest.mark.parametrize("gemm", ["f8e4m3fn", "f8e5m2"])
 def test_fp8_counts_match_numpy(gemm):
-  x = _wide_range(np.random.default_rng(0), (64, 96), -12, 0)
+  x = _exact_scale(_wide_range(np.random.default_rng(0), (64, 96), -12, 0))
   fmt = FORMATS[gemm]
   formats, measured = _step_on(x, f"p=f32,c=bf16,o=f32,gemm={gemm}",
                                fp8_min_size=0)
@@ -250,3 +259,49 @@ def test_the_example_runs_and_explains(capsys):
   out = capsys.readouterr().out
   assert "p=f32,c=f16,o=f32, loss scale none, 2 steps" in out
   assert "Low-precision GEMMs:" in out and "lm.py:" in out
+
+
+def _scanned_loss(params, batch):
+  x, y = batch
+
+  def layer(h, w):
+    return jnp.tanh(h @ w), None
+  h, _ = jax.lax.scan(layer, x, params["w"])
+  return jnp.mean((h - y) ** 2)
+
+
+@pytest.mark.parametrize("policy", ["p=f32,c=f16,o=f32",
+                                    "p=f32,c=bf16,o=f32,gemm=f8e4m3fn"])
+def test_gemms_in_a_scan_are_measured_over_its_iterations(policy):
+  """The layers of a `lax.scan` share one GEMM in the loop body: its
+  statistics are those of every layer's weights, counted once each."""
+  rng = np.random.default_rng(5)
+  layers = 3
+  w = _exact_scale(_wide_range(rng, (layers, 32, 32), -10, 0))
+  batch = (jnp.asarray(rng.standard_normal((16, 32)), jnp.float32),
+           jnp.zeros((16, 32), jnp.float32))
+  options = {"fp8_min_size": 0} if "gemm" in policy else {}
+  step = amp.train_step(_scanned_loss, optax.sgd(1e-3), policy,
+                        numerics="stats", target="gpu", **options)
+  state = step.init({"w": jnp.asarray(w)})
+  _, metrics = step(state, batch)
+  report = step.lower(state, batch).report()
+  forward = [d for d in report.decisions
+             if d.stats_index is not None and d.phase == "forward"]
+  assert len(forward) == 1  # the loop body's GEMM
+  g = forward[0].stats_index
+  stats = metrics["gemm_stats"]
+  if "gemm" in policy:
+    # Each layer's slice is quantized with its own scale (2^-9: amax
+    # 0.875), from the stacked weights the loop rounded to bf16 before
+    # slicing them: what the GEMM's quantization reads.
+    fmt = ml_dtypes.float8_e4m3fn
+    read = w.astype(ml_dtypes.bfloat16).astype(np.float32)
+    scaled = (read * np.float32(2.0 ** 9)).astype(np.float32)
+    expected = _reference(scaled, fmt, clamped=True)
+  else:
+    expected = _reference(w, np.float16, clamped=False)
+  assert expected["underflow"] > 50
+  measured = {k: int(np.asarray(getattr(stats, k))[g, 1]) for k in expected}
+  assert measured == expected
+  assert float(np.asarray(stats.amax)[g, 1]) == np.abs(w).max()
