@@ -223,6 +223,23 @@ void LossScalePass::scaleSeed(TrainingStep &step, ScaleState &state) {
 
 /// Unscales each gradient (in f32, reading it once) and ANDs `is_finite` of
 /// all of them into one predicate.
+/// Whether every element of `value` is finite (i1 scalar).
+static Value allFinite(OpBuilder &builder, Location loc, Value value) {
+  return shlo::buildReduceAll(
+      builder, loc, shlo::buildIsFinite(builder, loc, value), "and", 1.0);
+}
+
+/// The AND of `flags` (i1 scalars); true where there is none.
+static Value allOf(OpBuilder &builder, Location loc,
+                   llvm::ArrayRef<Value> flags) {
+  if (flags.empty())
+    return shlo::buildScalar(builder, loc, builder.getI1Type(), 1.0);
+  Value all = flags.front();
+  for (Value flag : llvm::drop_begin(flags))
+    all = shlo::buildElementwise(builder, loc, "and", {all, flag});
+  return all;
+}
+
 FailureOr<Value> LossScalePass::unscaleAndCheck(TrainingStep &step,
                                                 const ScaleState &state) {
   OpBuilder builder(&getContext());
@@ -250,8 +267,7 @@ FailureOr<Value> LossScalePass::unscaleAndCheck(TrainingStep &step,
                       builder, loc, inverse,
                       cast<RankedTensorType>(value.getType()))});
     }
-    finiteFlags.push_back(shlo::buildReduceAll(
-        builder, loc, shlo::buildIsFinite(builder, loc, value), "and", 1.0));
+    finiteFlags.push_back(allFinite(builder, loc, value));
     return element == wide ? value
                            : shlo::buildConvert(builder, loc, value, element);
   };
@@ -270,11 +286,7 @@ FailureOr<Value> LossScalePass::unscaleAndCheck(TrainingStep &step,
     step.main.emitError() << "no float gradients to check";
     return failure();
   }
-  Value finite = finiteFlags.front();
-  for (Value flag : llvm::drop_begin(finiteFlags))
-    finite = shlo::buildElementwise(builder, step.main.getLoc(), "and",
-                                    {finite, flag});
-  return finite;
+  return allOf(builder, step.main.getLoc(), finiteFlags);
 }
 
 /// ANDs `is_finite` of every float state result (its new value) into one
@@ -283,19 +295,14 @@ Value LossScalePass::buildStateCheck(TrainingStep &step) {
   Operation *returnOp = step.main.front().getTerminator();
   OpBuilder builder(returnOp);
   Location loc = step.main.getLoc();
-  Value finite;
+  llvm::SmallVector<Value> flags;
   for (auto [result, arg] : step.states) {
     Value updated = returnOp->getOperand(result);
     if (!shlo::getFloatElementType(updated.getType()))
       continue; // integer state (counters, encoded f8 blocks)
-    Value flag = shlo::buildReduceAll(
-        builder, loc, shlo::buildIsFinite(builder, loc, updated), "and", 1.0);
-    finite = finite ? shlo::buildElementwise(builder, loc, "and",
-                                             {finite, flag})
-                    : flag;
+    flags.push_back(allFinite(builder, loc, updated));
   }
-  return finite ? finite
-                : shlo::buildScalar(builder, loc, builder.getI1Type(), 1.0);
+  return allOf(builder, loc, flags);
 }
 
 /// An overflowed step keeps the old parameters and optimizer state: each
