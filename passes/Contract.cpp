@@ -932,6 +932,7 @@ std::string mlir::amp::contractJson() {
       {"stored_marker", attr::kStoredMarker},
       {"fp8_marker", attr::kFp8Marker},
       {"scaled_dot_composite", attr::kScaledDotComposite},
+      {"num_partitions", attr::kNumPartitions},
   };
   llvm::json::Object contract{
       {"policy", policyJson()},

@@ -90,6 +90,10 @@ inline constexpr llvm::StringLiteral kFp8Marker = "amp_fp8";
 /// that decomposes it. XLA cannot partition it: the driver rebuilds a
 /// program holding one for a partitioned lowering.
 inline constexpr llvm::StringLiteral kScaledDotComposite = "xla.scaled_dot";
+/// Module attribute JAX writes for a sharded jit: how many partitions XLA's
+/// SPMD partitioner splits the program into (the driver writes it on the
+/// copy it rebuilds for a partitioned lowering).
+inline constexpr llvm::StringLiteral kNumPartitions = "mhlo.num_partitions";
 } // namespace attr
 
 //===----------------------------------------------------------------------===//

@@ -2,6 +2,8 @@
 
 #include "StableHLO.h"
 
+#include "Contract.h"
+
 #include "llvm/ADT/APFloat.h"
 
 #include "mlir/IR/BuiltinAttributes.h"
@@ -256,7 +258,7 @@ llvm::StringRef shlo::compositeName(Operation *op) {
 }
 
 int64_t shlo::partitionCount(ModuleOp module) {
-  auto count = module->getAttrOfType<IntegerAttr>("mhlo.num_partitions");
+  auto count = module->getAttrOfType<IntegerAttr>(attr::kNumPartitions);
   return count ? count.getInt() : 1;
 }
 

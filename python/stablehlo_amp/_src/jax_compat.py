@@ -464,8 +464,8 @@ def with_partition_count(module: ir.Module, count: int) -> ir.Module:
   sharded jit)."""
   with module.context:
     copy = ir.Module.parse(bytecode_of(module))
-    copy.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(
-        ir.IntegerType.get_signless(32), count)
+    copy.operation.attributes[contract.attribute("num_partitions")] = (
+        ir.IntegerAttr.get(ir.IntegerType.get_signless(32), count))
   return copy
 
 
