@@ -66,9 +66,10 @@ Value enteringLoop(Value value) {
 
 /// The rounding of a GEMM operand: its defining convert from a wider float
 /// type, through ops that move values without changing them (reshape,
-/// transpose, an optimization barrier) and an MXFP8 dequantization (codes
-/// widened and multiplied by their scale). None when the operand was
-/// computed in its own format.
+/// transpose, an optimization barrier), slices of what was rounded, what a
+/// loop carries unchanged and an MXFP8 dequantization (codes widened and
+/// multiplied by their scale). None when the operand was computed in its
+/// own format.
 std::optional<Rounding> roundingOf(Value operand) {
   Value value = operand;
   for (int step = 0; step < 16; ++step) {
@@ -91,9 +92,14 @@ std::optional<Rounding> roundingOf(Value operand) {
       continue;
     }
     if (shlo::is(op, "multiply")) {
-      // A dequantization: the widened codes times their scale.
+      // An MXFP8 dequantization: FP8 codes, widened, times their scale.
+      // Any other product is a value of its own, computed in its format.
       Operation *codes = op->getOperand(0).getDefiningOp();
-      if (!codes || !shlo::isConvert(codes))
+      FloatType coded =
+          codes && shlo::isConvert(codes)
+              ? shlo::getFloatElementType(codes->getOperand(0).getType())
+              : FloatType();
+      if (!coded || coded.getWidth() != 8)
         return std::nullopt;
       value = op->getOperand(0);
       continue;

@@ -13,6 +13,7 @@
 // RUN: amp-opt %t/bf16.mlir --pass-pipeline='builtin.module(amp-numerics{collect=stats})' | FileCheck %s --check-prefix=ONCE
 // RUN: amp-opt %t/fp8.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8e4m3fn},amp-numerics{collect=stats})' | FileCheck %s --check-prefix=FP8
 // RUN: amp-opt %t/fp8.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8e5m2 scaling=rowwise},amp-numerics{collect=stats})' | FileCheck %s --check-prefix=E5M2
+// RUN: amp-opt %t/product.mlir --pass-pipeline='builtin.module(amp-numerics{collect=stats})' | FileCheck %s --check-prefix=PRODUCT
 // RUN: amp-opt %t/loop.mlir --pass-pipeline='builtin.module(amp-numerics{collect=stats})' | FileCheck %s --check-prefix=LOOP
 // RUN: amp-opt %t/bf16.mlir --pass-pipeline='builtin.module(amp-numerics{collect=none})' | FileCheck %s --check-prefix=NONE
 // RUN: not amp-opt %t/bf16.mlir --pass-pipeline='builtin.module(amp-numerics{collect=provenanse})' 2>&1 | FileCheck %s --check-prefix=BADOPTION
@@ -98,6 +99,22 @@ func.func @main(%x: tensor<16x32xf32>, %w: tensor<32x64xf32>) -> tensor<16x64xf3
   %wb = stablehlo.convert %w : (tensor<32x64xf32>) -> tensor<32x64xbf16>
   %y = stablehlo.dot_general %xb, %wb, contracting_dims = [1] x [0] : (tensor<16x32xbf16>, tensor<32x64xbf16>) -> tensor<16x64xf32>
   return %y : tensor<16x64xf32>
+}
+
+//--- product.mlir
+
+// A bf16 product of a rounded value is an operand of its own (no rounding
+// at the GEMM): measured itself, not as %x's rounding.
+// PRODUCT-LABEL: func.func @main
+// PRODUCT-NOT: stablehlo.is_finite %arg0
+// PRODUCT: %[[P:.*]] = stablehlo.multiply
+// PRODUCT: stablehlo.abs %[[P]] : tensor<4x8xbf16>
+// PRODUCT: stablehlo.dot_general %[[P]], %arg2
+func.func @main(%x: tensor<4x8xf32>, %y: tensor<4x8xbf16>, %w: tensor<8x8xbf16>) -> tensor<4x8xf32> {
+  %xb = stablehlo.convert %x : (tensor<4x8xf32>) -> tensor<4x8xbf16>
+  %p = stablehlo.multiply %xb, %y : tensor<4x8xbf16>
+  %d = stablehlo.dot_general %p, %w, contracting_dims = [1] x [0] : (tensor<4x8xbf16>, tensor<8x8xbf16>) -> tensor<4x8xf32>
+  return %d : tensor<4x8xf32>
 }
 
 //--- loop.mlir
