@@ -459,6 +459,13 @@ def test_static_loss_scale():
   jitted = jax.jit(lambda s: s.adjust(jnp.asarray(False)))(ls)
   assert isinstance(jitted, amp.StaticLossScale)
   assert float(jitted.loss_scale) == 1024.0
+  # Unflattened from leaves that are no arrays (a lowering's argument
+  # descriptions): lowering a step whose state holds one failed so.
+  assert jax.tree_util.tree_unflatten(treedef, [None]).loss_scale is None
+  step = amp.train_step(lambda p, b: jnp.mean((b @ p) ** 2),
+                        optax.sgd(0.1), "p=f32,c=f16,o=f32", loss_scale=ls)
+  state = step.init(jnp.ones((4, 2)))
+  assert step.lower(state, jnp.ones((3, 4))).report() is not None
 
 
 def test_noop_loss_scale():

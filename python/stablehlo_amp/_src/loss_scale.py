@@ -155,7 +155,11 @@ class StaticLossScale(_LossScaleBase):
 
   @classmethod
   def tree_unflatten(cls, aux, children):
-    return cls(children[0])
+    # Not through __init__: JAX unflattens with leaves that are no arrays
+    # (a lowering's argument descriptions, tracers, None).
+    new = object.__new__(cls)
+    new.loss_scale = children[0]
+    return new
 
   def __repr__(self) -> str:
     return f"StaticLossScale({self.loss_scale!r})"
