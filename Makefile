@@ -241,7 +241,7 @@ $(PYPI_VENV)/.built: $(PYPI_VENV)/.deps $(SOURCES)
 SHARDED_SURVIVAL_VARIANTS := f32,ours-bf16,ours-bf16-gemm-f8,ours-bf16-reduce-bf16,$\
   ours-bf16-gemm-f8-rowwise,ours-bf16-gemm-f8-mxfp8,$\
   ours-bf16-params-bf16-stochastic-moments-f8,ours-bf16-gemm-f8-numerics-stats,$\
-  jmp-style
+  ours-bf16-numerics-provenance,jmp-style
 test-survival: build
 	env JAX_PLATFORMS=cpu $(PY) -m bench.gpu_compile --target cpu --size smoke \
 	  --json build/gpu-compile-cpu-smoke.json

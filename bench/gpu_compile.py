@@ -33,6 +33,9 @@ The variants:
   ours-bf16-numerics-stats   ours-bf16 with numerics="stats" (per-GEMM range
                       statistics inside the step); ours-bf16-gemm-f8-...
                       the same with gemm=f8: what measuring costs
+  ours-bf16-numerics-provenance  ours-bf16 with numerics="provenance" (which
+                      region first handed on a NaN or an infinity); and
+                      ours-f16-numerics-provenance
   ours-bf16-storage-f32   ours-bf16 with storage="f32"
   ours-bf16-no-remat  ours-bf16 with rematerialize=False
   ours-bf16-moments-bf16  ours-bf16 with opt_state_dtype="bf16"
@@ -137,6 +140,7 @@ VARIANTS = ("f32", "ours-bf16", "ours-f16", "ours-bf16-gemm-f8",
             "ours-bf16-gemm-f8-rowwise", "ours-bf16-gemm-f8-mxfp8",
             "ours-bf16-gemm-f8-all", "ours-bf16-numerics-stats",
             "ours-bf16-gemm-f8-numerics-stats",
+            "ours-bf16-numerics-provenance", "ours-f16-numerics-provenance",
             "ours-bf16-storage-f32", "ours-bf16-no-remat",
             "ours-bf16-moments-bf16", "ours-bf16-params-bf16-stochastic",
             "ours-bf16-params-bf16-stochastic-moments-bf16",
@@ -164,6 +168,11 @@ OURS = {
     "ours-bf16-numerics-stats": ("p=f32,c=bf16,o=f32", {"numerics": "stats"}),
     "ours-bf16-gemm-f8-numerics-stats": ("p=f32,c=bf16,o=f32,gemm=f8",
                                          {"numerics": "stats"}),
+    # Where a non-finite value first appeared, watched inside the step.
+    "ours-bf16-numerics-provenance": ("p=f32,c=bf16,o=f32",
+                                      {"numerics": "provenance"}),
+    "ours-f16-numerics-provenance": ("p=f32,c=f16,o=f32",
+                                     {"numerics": "provenance"}),
     "ours-bf16-storage-f32": ("p=f32,c=bf16,o=f32", {"storage": "f32"}),
     "ours-bf16-no-remat": ("p=f32,c=bf16,o=f32", {"rematerialize": False}),
     # Low-precision training state: bf16 Adam moments, bf16 parameters

@@ -350,12 +350,12 @@ _OURS_KEYS = {"storage": ("f32", "compute"), "level": ("O1", "O2", "O3"),
               "params": ("bf16",),
               "rounding": ("nearest", "stochastic", "kahan"),
               "moments": ("bf16", "f8"),
-              "numerics": ("stats",)}
+              "numerics": ("stats", "provenance")}
 
 
 def _ours_options(variant: str) -> dict:
   """`ours-{bf16,f16}[-storage-X][-level-X][-gemm-X][-scaling-X]
-  [-params-bf16][-rounding-X][-moments-bf16][-numerics-stats]`: the
+  [-params-bf16][-rounding-X][-moments-bf16][-numerics-X]`: the
   options of amp.train_step a variant name asks for (`gemm` and `params`
   go into the policy, `scaling` is `fp8_scaling`, `rounding` is
   `update_rounding`, `moments` is `opt_state_dtype`)."""

@@ -194,6 +194,7 @@ constexpr StateRole kStateRoles[] = {
     // metrics) and nothing gives them back.
     {attr::kGemmAmax, "metrics", "amp-numerics", false, false},
     {attr::kGemmCounts, "metrics", "amp-numerics", false, false},
+    {attr::kNonFinite, "metrics", "amp-numerics", false, false},
     {attr::kAmaxHistory, "amax_history", "amp-fp8-gemms", false, true},
     {attr::kRoundingKey, "rounding_key", "amp-round-state", false, true},
     {attr::kCompensation, "compensation", "amp-round-state", true, true},
@@ -331,7 +332,8 @@ constexpr llvm::StringRef kFp8ScalingNames[] = {"current", "delayed",
 // dequantized operands feeding a plain dot (correct everywhere).
 constexpr llvm::StringRef kMxFormNames[] = {"composite", "dequantize"};
 // amp-numerics' collections, in Numerics' order.
-constexpr llvm::StringRef kNumericsNames[] = {"none", "stats"};
+constexpr llvm::StringRef kNumericsNames[] = {"none", "stats",
+                                              "provenance"};
 constexpr llvm::StringRef kGemmStatsCounts[] = {"nonzero", "underflow",
                                                 "saturated"};
 constexpr Fp8Roofline kFp8Rooflines[] = {
@@ -553,10 +555,11 @@ struct EntryOption {
   /// (fp8_scaling=delayed); the option's other values are accepted
   /// everywhere.
   llvm::StringRef statefulValue = "";
-  /// The one value whose measurements only a step's outputs can carry
-  /// (numerics=stats): amp.train_step returns them, amp-opt appends them
-  /// to main's results; amp.transform and amp.value_and_grad refuse it.
-  llvm::StringRef stepOutputsValue = "";
+  /// The values whose measurements only a step's outputs can carry
+  /// (numerics=stats, provenance): amp.train_step returns them, amp-opt
+  /// appends them to main's results; amp.transform and amp.value_and_grad
+  /// refuse them.
+  llvm::ArrayRef<llvm::StringRef> stepOutputsValues = {};
 };
 
 const EntryOption kEntryOptions[] = {
@@ -605,7 +608,7 @@ const EntryOption kEntryOptions[] = {
      /*stateful=*/true},
     {"numerics", "amp-numerics", "collect", OptionKind::Choice, false, false,
      false, canonicalNumerics, nullptr, 0, "", "", "",
-     /*stepOutputsValue=*/"stats"},
+     /*stepOutputsValues=*/llvm::ArrayRef(kNumericsNames).drop_front()},
 };
 
 llvm::StringRef kindName(OptionKind kind) {
@@ -800,8 +803,8 @@ llvm::json::Array entryOptionsJson(const llvm::json::Object &passes) {
       object["bf16_params_default"] = entry.bf16ParamsDefault;
     if (!entry.statefulValue.empty())
       object["stateful_value"] = entry.statefulValue;
-    if (!entry.stepOutputsValue.empty())
-      object["step_outputs_value"] = entry.stepOutputsValue;
+    if (!entry.stepOutputsValues.empty())
+      object["step_outputs_values"] = strings(entry.stepOutputsValues);
     if (entry.targetDefault) {
       llvm::json::Object defaults;
       for (llvm::StringRef name : targetNames())
@@ -902,8 +905,15 @@ llvm::json::Object reportJson() {
                    {"converts_inserted", report_key::kConvertsInserted},
                    {"converts_total", report_key::kConvertsTotal},
                    {"bytes_before", report_key::kBytesBefore},
-                   {"bytes_after", report_key::kBytesAfter}}},
-      {"op_keys", std::move(opKeys)}};
+                   {"bytes_after", report_key::kBytesAfter},
+                   {"nonfinite_regions", report_key::kNonFiniteRegions}}},
+      {"op_keys", std::move(opKeys)},
+      {"region_keys", llvm::json::Object{
+                          {"loc", region_key::kLoc},
+                          {"primitives", region_key::kPrimitives},
+                          {"format", region_key::kFormat},
+                          {"inputs", region_key::kInputs},
+                          {"values", region_key::kValues}}}};
 }
 } // namespace
 
@@ -922,6 +932,8 @@ std::string mlir::amp::contractJson() {
       {"state_finite", attr::kStateFinite},
       {"gemm_amax", attr::kGemmAmax},
       {"gemm_counts", attr::kGemmCounts},
+      {"nonfinite", attr::kNonFinite},
+      {"nonfinite_regions", attr::kNonFiniteRegions},
       {"rounding_key", attr::kRoundingKey},
       {"compensation", attr::kCompensation},
       {"optimizer_state", attr::kOptimizerState},

@@ -64,6 +64,13 @@ inline constexpr llvm::StringLiteral kStateFinite = "amp.state_finite";
 /// (i32[G, 2, 3]).
 inline constexpr llvm::StringLiteral kGemmAmax = "amp.gemm_amax";
 inline constexpr llvm::StringLiteral kGemmCounts = "amp.gemm_counts";
+/// Result amp-numerics appends with `collect=provenance`: per region of the
+/// step, whether it handed on a NaN (row 0) or an infinity (row 1), as bits
+/// (i32[2, words]); and the attribute of main that lists the regions (the
+/// report's `nonfinite_regions`).
+inline constexpr llvm::StringLiteral kNonFinite = "amp.nonfinite";
+inline constexpr llvm::StringLiteral kNonFiniteRegions =
+    "amp.nonfinite_regions";
 /// Argument and result attribute amp-round-state puts on the random-bit
 /// state it appends (ui32[4]; the result is the next state).
 inline constexpr llvm::StringLiteral kRoundingKey = "amp.rounding_key";
@@ -139,10 +146,27 @@ inline constexpr llvm::StringLiteral kConvertsTotal = "converts_total";
 /// Bytes of float values by dtype, before and after the rewrite.
 inline constexpr llvm::StringLiteral kBytesBefore = "bytes_before";
 inline constexpr llvm::StringLiteral kBytesAfter = "bytes_after";
+/// numerics=provenance: the step's regions, in bit order (region_key::).
+inline constexpr llvm::StringLiteral kNonFiniteRegions = "nonfinite_regions";
 // Keys of a record, besides the decision_key:: keys.
 inline constexpr llvm::StringLiteral kOp = "op";   ///< the op's name
 inline constexpr llvm::StringLiteral kLoc = "loc"; ///< its location, printed
 } // namespace report_key
+
+/// Keys of a record of report_key::kNonFiniteRegions (and of main's
+/// attr::kNonFiniteRegions): one region of the step, region 0 its inputs.
+namespace region_key {
+/// Its first op's location, printed ("" for the inputs).
+inline constexpr llvm::StringLiteral kLoc = "loc";
+/// The JAX primitives of its ops, in program order.
+inline constexpr llvm::StringLiteral kPrimitives = "primitives";
+/// The narrowest float type of the values it hands on ("f16").
+inline constexpr llvm::StringLiteral kFormat = "format";
+/// The regions it reads.
+inline constexpr llvm::StringLiteral kInputs = "inputs";
+/// How many values it hands on (each checked).
+inline constexpr llvm::StringLiteral kValues = "values";
+} // namespace region_key
 
 //===----------------------------------------------------------------------===//
 // Loss scaling
@@ -290,8 +314,8 @@ inline constexpr int64_t kMxBlock = 32;
 /// amp-fp8-gemms' `mx-form` values: composite, dequantize.
 llvm::ArrayRef<llvm::StringRef> mxFormNames();
 
-/// amp-numerics' `collect` values: none, stats.
-enum class Numerics { None, Stats };
+/// amp-numerics' `collect` values: none, stats, provenance.
+enum class Numerics { None, Stats, Provenance };
 llvm::ArrayRef<llvm::StringRef> numericsNames();
 llvm::Expected<Numerics> parseNumerics(llvm::StringRef text);
 /// The counts per GEMM operand in amp.gemm_counts, in its order: nonzero,

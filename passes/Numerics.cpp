@@ -3,10 +3,13 @@
 // amp-numerics{collect=stats}: per low-precision GEMM operand, the amax and
 // exact counts of the values its rounding loses (underflow) or cannot hold
 // (saturated), reduced inside the step and appended to main's results.
+// amp-numerics{collect=provenance}: per region of the step, whether it
+// handed on a NaN or an infinity (Provenance.h), appended the same way.
 //
 //===----------------------------------------------------------------------===//
 
 #include "Passes.h"
+#include "Provenance.h"
 #include "StableHLO.h"
 #include "TrainingStep.h"
 
@@ -159,6 +162,9 @@ public:
   void runOnOperation() override;
 
 private:
+  LogicalResult collectStats(func::FuncOp main);
+  LogicalResult collectProvenance(func::FuncOp main);
+
   /// A rounding read by several GEMMs (a weight, forward and backward) is
   /// measured once.
   llvm::DenseMap<Value, OperandStats> measured;
@@ -394,11 +400,31 @@ void NumericsPass::runOnOperation() {
     return signalPassFailure();
   }
   for (unsigned i = 0; i < main.getNumResults(); ++i)
-    if (main.getResultAttr(i, attr::kGemmAmax)) {
-      main.emitError() << "amp-numerics: main already returns GEMM "
-                          "statistics (" << attr::kGemmAmax << ")";
-      return signalPassFailure();
-    }
+    for (llvm::StringRef measured : {attr::kGemmAmax, attr::kNonFinite})
+      if (main.getResultAttr(i, measured)) {
+        main.emitError() << "amp-numerics: main already returns what it "
+                            "measures (" << measured << ")";
+        return signalPassFailure();
+      }
+  if (failed(*parsed == Numerics::Stats ? collectStats(main)
+                                        : collectProvenance(main)))
+    return signalPassFailure();
+}
+
+LogicalResult NumericsPass::collectProvenance(func::FuncOp main) {
+  std::vector<ProvenanceRegion> regions = findProvenanceRegions(main);
+  OpBuilder builder(&getContext());
+  Value bits = buildProvenanceBits(builder, main, regions);
+  main->setAttr(attr::kNonFiniteRegions,
+                provenanceRegionsAttr(&getContext(), regions));
+  if (failed(appendStateResult(main, bits, attr::kNonFinite,
+                               UnitAttr::get(&getContext()), 0)))
+    return main.emitError() << "amp-numerics: cannot append the "
+                               "provenance bits";
+  return success();
+}
+
+LogicalResult NumericsPass::collectStats(func::FuncOp main) {
   MLIRContext *context = &getContext();
   Location loc = main.getLoc();
   Type f32 = Float32Type::get(context), i32 = IntegerType::get(context, 32);
@@ -434,10 +460,9 @@ void NumericsPass::runOnOperation() {
   Attribute unit = UnitAttr::get(context);
   if (failed(appendStateResult(main, amaxResult, attr::kGemmAmax, unit, 0)) ||
       failed(appendStateResult(main, countsResult, attr::kGemmCounts, unit,
-                               0))) {
-    main.emitError() << "amp-numerics: cannot append the statistics";
-    return signalPassFailure();
-  }
+                               0)))
+    return main.emitError() << "amp-numerics: cannot append the statistics";
+  return success();
 }
 
 } // namespace

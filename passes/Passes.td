@@ -662,7 +662,8 @@ def AmpLossScalePass : Pass<"amp-loss-scale", "::mlir::ModuleOp"> {
 
 def AmpNumericsPass : Pass<"amp-numerics", "::mlir::ModuleOp"> {
   let summary = "Measures the numerics of a step inside it: range statistics "
-                "of every low-precision GEMM operand, as results of main.";
+                "of every low-precision GEMM operand, or where a non-finite "
+                "value first appeared, as results of main.";
   let description = [{
     With `collect=stats`, for each low-precision GEMM of the public
     function `main` (a `dot_general` whose operands are both 16 bits wide
@@ -705,14 +706,39 @@ def AmpNumericsPass : Pass<"amp-numerics", "::mlir::ModuleOp"> {
 
     The reductions read the rounding's input next to the rounding, so XLA
     can fuse them into the kernel that writes the rounded value. It runs
-    after amp-fp8-gemms, which makes the FP8 roundings it measures. With
-    `collect=none` the pass changes nothing.
+    after amp-fp8-gemms, which makes the FP8 roundings it measures.
+
+    With `collect=provenance`, the pass splits the body of `main` into
+    regions: ops with the same name JAX gives them, less the primitive (their
+    `jax.named_scope` or flax module path and JAX's transformations, so a
+    module's forward pass and its backward pass (`transpose(jvp(...))`)
+    differ) and the same innermost source line; region 0 is the step's
+    inputs (main's arguments). An op with no such location joins the region
+    of its first operand; constants and iotas are in none; a loop, a
+    conditional or a call is one op of its region. For every float value a
+    region hands on (read by another region, or returned) it reduces, next
+    to the op that makes the value, whether the value holds a NaN and
+    whether it holds an infinity (no host transfer), and ORs them into the
+    region's two bits. The bits are appended as `amp.nonfinite`,
+    `i32[2, W]`, `W = ceil(R / 32)` for `R` regions: row 0 NaN, row 1
+    infinity, region `r` at bit `r % 32` of word `r / 32`. The regions, in
+    bit order (the order of their first op), are listed on `main` as
+    `amp.nonfinite_regions` and in the report: each one's first op's
+    location, its primitives, the narrowest float type it hands on, and the
+    regions it reads. The first region to go non-finite is then the earliest
+    whose bits are set while those of every region it reads are clear. Run
+    it last but the loss scaling, so that it checks the values the step
+    computes (amp-rematerialize's recomputations included).
+
+    With `collect=none` the pass changes nothing.
   }];
   let options = [
     Option<"collect", "collect", "std::string",
            "::mlir::amp::numericsNames()[0].str()",
-           "What the step measures of its own numerics: none, or stats "
-           "(range statistics of each low-precision GEMM operand)">,
+           "What the step measures of its own numerics: none, stats "
+           "(range statistics of each low-precision GEMM operand) or "
+           "provenance (which region first handed on a NaN or an "
+           "infinity)">,
   ];
 }
 

@@ -4,6 +4,8 @@
 #include "Contract.h"
 #include "StableHLO.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
 
@@ -63,6 +65,28 @@ llvm::json::Object decisionJson(Operation *op, DictionaryAttr decision) {
   }
   return record;
 }
+
+/// One provenance region (amp-numerics' record on main) as JSON.
+llvm::json::Object regionJson(DictionaryAttr record) {
+  llvm::json::Array primitives, inputs;
+  if (auto names = record.getAs<ArrayAttr>(region_key::kPrimitives))
+    for (llvm::StringRef name : names.getAsValueRange<StringAttr>())
+      primitives.push_back(name);
+  if (auto indices = record.getAs<ArrayAttr>(region_key::kInputs))
+    for (auto index : indices.getAsRange<IntegerAttr>())
+      inputs.push_back(index.getInt());
+  auto text = [&](llvm::StringRef key) {
+    auto value = record.getAs<StringAttr>(key);
+    return value ? value.getValue() : llvm::StringRef();
+  };
+  auto values = record.getAs<IntegerAttr>(region_key::kValues);
+  return llvm::json::Object{
+      {region_key::kLoc, text(region_key::kLoc)},
+      {region_key::kPrimitives, std::move(primitives)},
+      {region_key::kFormat, text(region_key::kFormat)},
+      {region_key::kInputs, std::move(inputs)},
+      {region_key::kValues, values ? values.getInt() : 0}};
+}
 } // namespace
 
 namespace {
@@ -119,8 +143,14 @@ std::string mlir::amp::collectPrecisionReport(ModuleOp module,
     op->removeAttr(attr::kDecision);
     ops.push_back(decisionJson(op, decision));
   });
+  llvm::json::Array regions;
+  if (auto main = module.lookupSymbol<func::FuncOp>("main"))
+    if (auto records = main->getAttrOfType<ArrayAttr>(attr::kNonFiniteRegions))
+      for (auto record : records.getAsRange<DictionaryAttr>())
+        regions.push_back(regionJson(record));
   llvm::json::Object json{
       {report_key::kOps, std::move(ops)},
+      {report_key::kNonFiniteRegions, std::move(regions)},
       {report_key::kConvertsInserted, inserted},
       {report_key::kConvertsTotal, total},
       {report_key::kBytesBefore, bytesJson(before)},

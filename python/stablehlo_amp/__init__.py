@@ -12,7 +12,7 @@ from stablehlo_amp._src.pipeline import (AmpError, InvalidIRError,
                                          RewriteError, RewriteOptions,
                                          RewriteResult, VerificationError,
                                          rewrite, rewrite_module)
-from stablehlo_amp._src.numerics import GemmStats, explain
+from stablehlo_amp._src.numerics import GemmStats, NonFinite, explain
 from stablehlo_amp._src.policy import Policy
 from stablehlo_amp._src.report import OpDecision, Report
 from stablehlo_amp._src.program import Lowered, Timings
@@ -26,6 +26,7 @@ __all__ = [
     "DynamicLossScale",
     "GemmStats",
     "NoOpLossScale",
+    "NonFinite",
     "PrecisionHandler",
     "StaticLossScale",
     "TrainState",

@@ -20,9 +20,9 @@
 // RUN: not amp-opt %t/nomain.mlir --pass-pipeline='builtin.module(amp-numerics{collect=stats})' 2>&1 | FileCheck %s --check-prefix=NOMAIN
 // RUN: not amp-opt %t/twice.mlir --pass-pipeline='builtin.module(amp-numerics{collect=stats})' 2>&1 | FileCheck %s --check-prefix=TWICE
 
-// BADOPTION: error: invalid option 'collect': unknown numerics 'provenanse' (accepted: none, stats)
+// BADOPTION: error: invalid option 'collect': unknown numerics 'provenanse' (accepted: none, stats, provenance)
 // NOMAIN: error: amp-numerics: no function 'main' to return the statistics from
-// TWICE: error: amp-numerics: main already returns GEMM statistics (amp.gemm_amax)
+// TWICE: error: amp-numerics: main already returns what it measures (amp.gemm_amax)
 
 //--- bf16.mlir
 

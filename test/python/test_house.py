@@ -115,13 +115,14 @@ def test_every_state_role_names_a_field_with_a_slot():
   appended = {contract.attribute(name) for name in (
       "loss_scale", "loss_scale_counter", "grads_finite", "state_finite",
       "amax_history", "rounding_key", "compensation", "gemm_amax",
-      "gemm_counts")}
+      "gemm_counts", "nonfinite")}
   assert set(roles) == appended
   # Measurements are returned, not carried: no field of the state.
   measured = {role for role, spec in roles.items()
               if spec["field"] == contract.METRICS_FIELD}
   assert measured == {contract.attribute("gemm_amax"),
-                      contract.attribute("gemm_counts")}
+                      contract.attribute("gemm_counts"),
+                      contract.attribute("nonfinite")}
   for role, spec in roles.items():
     if role in measured:
       continue

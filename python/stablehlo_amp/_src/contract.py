@@ -124,6 +124,14 @@ def report_op_keys() -> Any:
   return _keys("ReportOpKeys", document()["report"]["op_keys"])
 
 
+@functools.cache
+def report_region_keys() -> Any:
+  """The keys of one record of the report's ``nonfinite_regions``
+  (``numerics="provenance"``): ``loc``, ``primitives``, ``format``,
+  ``inputs``, ``values``."""
+  return _keys("ReportRegionKeys", document()["report"]["region_keys"])
+
+
 def reason_text(reason_id: str) -> str:
   return document()["decisions"]["reasons"][reason_id]
 

@@ -8,6 +8,14 @@ returns them as `GemmStats` in ``metrics["gemm_stats"]``: arrays indexed
 ``[gemm, operand]``, the GEMM being the report's ``stats_index`` and the
 operand 0 (lhs) or 1 (rhs). `GemmStats.merge` accumulates them over steps;
 `explain` ranks them against the report.
+
+With ``numerics="provenance"`` the pass checks, inside the step, every
+value each region of the step hands on (a module's forward or backward pass
+at one source line, an optimizer line) for NaN and infinity, and sets the
+region's bits. A training step returns them as `NonFinite` in
+``metrics["nonfinite"]``; `NonFinite.first` names the first region to go
+non-finite: the earliest whose bits are set while every region it reads
+handed on finite values.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablehlo_amp._src import contract
-from stablehlo_amp._src.report import OpDecision, Report
+from stablehlo_amp._src.report import OpDecision, Region, Report
 
 _OPERANDS = ("lhs", "rhs")
 
@@ -67,6 +75,107 @@ class GemmStats(NamedTuple):
     return operand_stats(self, report)
 
 
+class NonFinite(NamedTuple):
+  """Which regions of one step handed on a NaN or an infinity (or of
+  several steps, merged): bit r of word r // 32 is region r of the report's
+  `regions`, region 0 the step's inputs."""
+  nan: jax.Array  # i32[words]
+  inf: jax.Array  # i32[words]
+
+  @classmethod
+  def from_result(cls, bits: jax.Array) -> "NonFinite":
+    """From amp-numerics' result (``i32[2, words]``: NaN, infinity)."""
+    return cls(bits[0], bits[1])
+
+  def merge(self, other: "NonFinite") -> "NonFinite":
+    """The regions that went non-finite in either step."""
+    return NonFinite(self.nan | other.nan, self.inf | other.inf)
+
+  def _bits(self, words: Any, count: int) -> list[bool]:
+    words = np.asarray(words).astype(np.int64) & 0xFFFFFFFF
+    return [bool(words[r // 32] >> (r % 32) & 1) for r in range(count)]
+
+  def regions(self, report: Report) -> list[tuple[Region, str]]:
+    """The regions that handed on a non-finite value, in program order,
+    each with what it handed on: ``"NaN"``, ``"infinity"`` or ``"NaN and
+    infinity"``."""
+    regions = report.regions
+    if not regions:
+      raise ValueError("the report lists no regions: give the report of a "
+                       "step built with numerics='provenance'")
+    if np.asarray(self.nan).shape[-1] != (len(regions) + 31) // 32:
+      raise ValueError(f"the bits are of {np.asarray(self.nan).shape[-1] * 32}"
+                       f" regions at most and the report has {len(regions)}: "
+                       "give the report of the step that returned them")
+    nan, inf = (self._bits(w, len(regions)) for w in (self.nan, self.inf))
+    names = {(True, False): "NaN", (False, True): "infinity",
+             (True, True): "NaN and infinity"}
+    return [(region, names[nan[r], inf[r]])
+            for r, region in enumerate(regions) if nan[r] or inf[r]]
+
+  def first(self, report: Report) -> tuple[Region, str] | None:
+    """The first region to go non-finite, and what it handed on: the
+    earliest, in program order, whose inputs (the regions it reads) were
+    all finite; None when every region was finite."""
+    flagged = self.regions(report)
+    bad = {region.index for region, _ in flagged}
+    for region, what in flagged:
+      if not bad & set(region.inputs):
+        return region, what
+    return flagged[0] if flagged else None
+
+
+def _limit(fmt: str, what: str) -> str:
+  """Why a value of `fmt` is what it is, for people."""
+  if "infinity" in what and fmt:
+    try:
+      largest = float(jnp.finfo(jnp.dtype(_DTYPES.get(fmt, fmt))).max)
+    except TypeError:
+      return f"{fmt} {what}"
+    kind = "overflow" if what == "infinity" else "overflow, then NaN"
+    return f"{fmt} {kind}: max finite {largest:.6g}"
+  return f"{fmt} {what}" if fmt else what
+
+
+_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32",
+           "f64": "float64"}
+
+
+def explain_nonfinite(bits: NonFinite, report: Report) -> list[str]:
+  """The lines of `explain` on provenance: the first region to go
+  non-finite, where it is and why, and how many followed."""
+  flagged = bits.regions(report)
+  if not flagged:
+    return [f"Every value of the {len(report.regions) - 1} regions watched "
+            "was finite."]
+  region, what = bits.first(report)
+  if region.index == 0:
+    lines = [f"First non-finite: the step's inputs held {_article(what)} "
+             "(a parameter, the optimizer state or the batch)."]
+  else:
+    where = _relative(region.where)
+    at = f" at {where}" if where not in region.name else ""
+    lines = [f"First non-finite: {region.name}{at} "
+             f"({_limit(region.format, what)})."]
+  if len(flagged) > 1:
+    lines.append(f"Then {len(flagged) - 1} more of the "
+                 f"{len(report.regions) - 1} regions handed on non-finite "
+                 "values, the next:")
+    for later, kind in flagged[:8]:
+      if later is not region:
+        lines.append(f"  {later.name} at {_relative(later.where)} ({kind})")
+  return lines
+
+
+def _article(what: str) -> str:
+  return {"NaN": "a NaN", "infinity": "an infinity"}.get(what, what)
+
+
+def _relative(path: str) -> str:
+  here = os.getcwd().rstrip(os.sep) + os.sep
+  return path[len(here):] if path.startswith(here) else path
+
+
 @dataclasses.dataclass(frozen=True)
 class OperandStats:
   """One GEMM operand's statistics, with the GEMM's decision."""
@@ -104,10 +213,7 @@ class OperandStats:
     """The GEMM's `file:line` (relative to the working directory when
     under it), and its scope where that says more."""
     gemm = self.gemm
-    where, scope = gemm.where, gemm.scope
-    here = os.getcwd().rstrip(os.sep) + os.sep
-    if where.startswith(here):
-      where = where[len(here):]
+    where, scope = _relative(gemm.where), gemm.scope
     return where + (f" ({scope})" if scope and scope not in where else "")
 
   def measurement(self) -> str:
@@ -158,41 +264,48 @@ def operand_stats(stats: GemmStats, report: Report) -> list[OperandStats]:
   return sorted(rows, key=lambda row: -row.loss)
 
 
-def explain(metrics: Mapping[str, Any] | GemmStats, report: Report, *,
-            top: int = 8) -> str:
+def explain(metrics: Mapping[str, Any] | GemmStats | NonFinite,
+            report: Report, *, top: int = 8) -> str:
   """What a step's metrics say of its numerics, for people: whether it was
-  skipped and why, then its `top` low-precision GEMM operands ranked by
-  the fraction of values their rounding lost (underflow) or could not hold
-  (saturated). `metrics` is a `train_step`'s (with ``numerics="stats"``),
-  or `GemmStats` (merged over steps); `report` the step's
-  (``step.lower(state, batch).report()``)."""
+  skipped and why; with ``numerics="provenance"``, the first region to go
+  non-finite, where it is and why; with ``numerics="stats"``, its `top`
+  low-precision GEMM operands ranked by the fraction of values their
+  rounding lost (underflow) or could not hold (saturated). `metrics` is a
+  `train_step`'s, or `GemmStats` or `NonFinite` (merged over steps);
+  `report` the step's (``step.lower(state, batch).report()``)."""
   if not isinstance(report, Report):
     raise TypeError(f"explain needs the step's Report, got "
                     f"{type(report).__name__}")
-  stats = metrics if isinstance(metrics, GemmStats) else metrics.get(
-      "gemm_stats")
+  if isinstance(metrics, (GemmStats, NonFinite)):
+    metrics = {"gemm_stats" if isinstance(metrics, GemmStats)
+               else "nonfinite": metrics}
   lines = []
-  if not isinstance(metrics, GemmStats):
-    for key, what in (("grads_finite", "its gradients were not finite"),
-                      ("state_finite", "its new state was not finite")):
-      if key in metrics and not bool(np.asarray(metrics[key])):
-        lines.append(f"This step was skipped: {what}.")
-  if stats is None:
-    lines.append("No GEMM statistics: build the step with "
-                 "numerics='stats'.")
-    return "\n".join(lines)
+  for key, what in (("grads_finite", "its gradients were not finite"),
+                    ("state_finite", "its new state was not finite")):
+    if key in metrics and not bool(np.asarray(metrics[key])):
+      lines.append(f"This step was skipped: {what}.")
+  if "nonfinite" in metrics:
+    lines.extend(explain_nonfinite(metrics["nonfinite"], report))
+  if "gemm_stats" in metrics:
+    lines.extend(_explain_stats(metrics["gemm_stats"], report, top))
+  if not {"nonfinite", "gemm_stats"} & set(metrics):
+    lines.append("Nothing measured of the numerics: build the step with "
+                 "numerics='provenance' or numerics='stats'.")
+  return "\n".join(lines)
+
+
+def _explain_stats(stats: GemmStats, report: Report, top: int) -> list[str]:
   rows = stats.operands(report)
   measured = [row for row in rows if row.format]
-  lines.append(f"Low-precision GEMMs: {len(rows) // 2}, "
-               f"{len(measured)} operands rounded at the GEMM.")
+  lines = [f"Low-precision GEMMs: {len(rows) // 2}, "
+           f"{len(measured)} operands rounded at the GEMM."]
   lossy = _grouped([row for row in measured if row.loss > 0])
   if not lossy:
-    lines.append("No operand lost a value to underflow or saturation.")
-    return "\n".join(lines)
+    return lines + ["No operand lost a value to underflow or saturation."]
   lines.append(f"Worst {min(top, len(lossy))} of {len(lossy)} roundings "
                "that lost values:")
   for group in lossy[:top]:
     first = group[0]
     readers = ", ".join(f"{row.gemm_name} {row.operand}" for row in group)
     lines.append(f"  {first.where}, {readers} {first.measurement()}")
-  return "\n".join(lines)
+  return lines

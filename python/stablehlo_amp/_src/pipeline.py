@@ -130,12 +130,12 @@ def check_stateless_values(given: Mapping[str, Any]) -> None:
 
 def check_function_outputs(given: Mapping[str, Any]) -> None:
   """ValueError for an option value whose measurements only a training
-  step's outputs carry (the contract's ``step_outputs_value``:
-  ``numerics="stats"``), given to an entry point that returns the
-  function's own outputs."""
+  step's outputs carry (the contract's ``step_outputs_values``:
+  ``numerics="stats"``, ``"provenance"``), given to an entry point that
+  returns the function's own outputs."""
   for name, value in given.items():
     spec = contract.options().get(name, {})
-    if value is not None and value == spec.get("step_outputs_value"):
+    if value is not None and value in spec.get("step_outputs_values", ()):
       raise ValueError(
           f"{name}={value!r} returns its measurements as outputs of a "
           "training step: amp.train_step puts them in its metrics, amp-opt "
@@ -314,9 +314,13 @@ def build_pipeline(policy: Policy, options: RewriteOptions, *,
     passes.append(_pass_text(contract.FP8_GEMMS, dict(
         gemm=policy.gemm, **options.pass_options(contract.FP8_GEMMS),
         mx_form=jax_compat.mx_form(options.target), report=report)))
-  if options.numerics != contract.values("numerics").none:
-    passes.append(_pass_text(contract.NUMERICS,
-                             options.pass_options(contract.NUMERICS)))
+  numerics = _pass_text(contract.NUMERICS,
+                        options.pass_options(contract.NUMERICS))
+  # The statistics measure the roundings amp-fp8-gemms made; provenance
+  # checks what the step finally computes (rematerialized values too), so
+  # it runs last but the loss scaling.
+  if options.numerics == contract.values("numerics").stats:
+    passes.append(numerics)
   if options.runs(contract.REMATERIALIZE) and not identity:
     passes.append(_pass_text(contract.REMATERIALIZE,
                              options.pass_options(contract.REMATERIALIZE)))
@@ -325,6 +329,8 @@ def build_pipeline(policy: Policy, options: RewriteOptions, *,
       name: contract.default(contract.ROUND_STATE, name)
       for name in round_state}:
     passes.append(_pass_text(contract.ROUND_STATE, round_state))
+  if options.numerics == contract.values("numerics").provenance:
+    passes.append(numerics)
   if loss_scale:
     passes.append(_pass_text(contract.LOSS_SCALE, {
         **loss_scale, **options.pass_options(contract.LOSS_SCALE)}))

@@ -58,27 +58,11 @@ def _mib(count: int) -> str:
   return f"{count / 2**20:.1f} MiB"
 
 
-@dataclasses.dataclass(frozen=True)
-class OpDecision:
-  """The precision chosen for one op, why, and where the op is."""
-  op: str
-  precision: str  # LOW, F32 or UNCHANGED ("low", "f32", "unchanged")
-  reason_id: str
+class Located:
+  """Where an op is, read from its MLIR location (``loc``): its user
+  `file:line`, its `jax.named_scope` path and its phase."""
   loc: str
-  detail: str = ""
-  group: int | None = None  # calibration group
-  stored: bool = False      # its result is stored in the compute dtype
-  gemm: str = ""            # FP8 operand formats, or why not FP8
-  gemm_reason_id: str = ""  # why not FP8, as the contract's id
-  gemm_detail: str = ""     # this GEMM's detail of why (its sizes)
-  # The indices of its survival markers (the stored value's rounding, the
-  # FP8 dot) in the program XLA compiles: see `Report.with_compiled`.
-  stored_index: int | None = None
-  fp8_index: int | None = None
-  # numerics="stats": the GEMM's row in the step's statistics, and per
-  # operand the format it is rounded to there ("" where it is not).
-  stats_index: int | None = None
-  stats_formats: tuple[str, ...] = ()
+  op: str
 
   @property
   def where(self) -> str:
@@ -121,11 +105,60 @@ class OpDecision:
       return "optimizer"
     return "backward" if "transpose(" in match[1] else "forward"
 
+
+@dataclasses.dataclass(frozen=True)
+class OpDecision(Located):
+  """The precision chosen for one op, why, and where the op is."""
+  op: str
+  precision: str  # LOW, F32 or UNCHANGED ("low", "f32", "unchanged")
+  reason_id: str
+  loc: str
+  detail: str = ""
+  group: int | None = None  # calibration group
+  stored: bool = False      # its result is stored in the compute dtype
+  gemm: str = ""            # FP8 operand formats, or why not FP8
+  gemm_reason_id: str = ""  # why not FP8, as the contract's id
+  gemm_detail: str = ""     # this GEMM's detail of why (its sizes)
+  # The indices of its survival markers (the stored value's rounding, the
+  # FP8 dot) in the program XLA compiles: see `Report.with_compiled`.
+  stored_index: int | None = None
+  fp8_index: int | None = None
+  # numerics="stats": the GEMM's row in the step's statistics, and per
+  # operand the format it is rounded to there ("" where it is not).
+  stats_index: int | None = None
+  stats_formats: tuple[str, ...] = ()
+
   @property
   def reason(self) -> str:
     """The reason as people read it ("sum reduction" details included)."""
     text = contract.reason_text(self.reason_id)
     return f"{text} ({self.detail})" if self.detail else text
+
+
+@dataclasses.dataclass(frozen=True)
+class Region(Located):
+  """One region of a step that ``numerics="provenance"`` watches: ops of
+  one name scope and phase at one source line (``op`` names the first).
+  Region 0 is the step's inputs."""
+  index: int
+  loc: str
+  op: str
+  primitives: tuple[str, ...]  # the JAX primitives of its ops, in order
+  format: str                  # the narrowest float type it hands on
+  inputs: tuple[int, ...]      # the regions it reads
+  values: int                  # how many values it hands on (each checked)
+
+  @property
+  def name(self) -> str:
+    """``"backward of Model/Block_3/attn (exp, reduce_max)"``, ``"the
+    step's inputs"``."""
+    if self.index == 0:
+      return "the step's inputs"
+    what = ", ".join(self.primitives[:4]) + (
+        ", ..." if len(self.primitives) > 4 else "")
+    scope = f"`{self.scope}`" if self.scope else "the step"
+    phase = f"{self.phase} of " if self.phase else ""
+    return f"{phase}{scope} ({what})" if what else f"{phase}{scope}"
 
 
 # XLA names an instruction it makes for an op of the inlined module
@@ -185,6 +218,8 @@ class Report:
   xla: survival.Survival | None = None
   # What the compiled program moves between devices, if it is partitioned.
   collectives: tuple["Collective", ...] = ()
+  # numerics="provenance": the step's regions, in bit order.
+  regions: tuple[Region, ...] = ()
 
   @classmethod
   def from_json(cls, text: str, *, policy: str, level: str,
@@ -202,10 +237,17 @@ class Report:
                    stats_index=d.get(k.gemm_stats),
                    stats_formats=tuple(d.get(k.gemm_stats_formats, ())))
         for d in data[_KEY.ops])
+    r = contract.report_region_keys()
+    regions = tuple(
+        Region(index=i, loc=d[r.loc],
+               op=(d[r.primitives] or [""])[0],
+               primitives=tuple(d[r.primitives]), format=d[r.format],
+               inputs=tuple(d[r.inputs]), values=d[r.values])
+        for i, d in enumerate(data.get(_KEY.nonfinite_regions, ())))
     return cls(policy, level, target, decisions,
                data[_KEY.converts_inserted], data[_KEY.converts_total],
                data.get(_KEY.bytes_before, {}),
-               data.get(_KEY.bytes_after, {}))
+               data.get(_KEY.bytes_after, {}), regions=regions)
 
   def with_memory(self, memory: Mapping[str, int]) -> "Report":
     return dataclasses.replace(self, memory=dict(memory))

@@ -652,10 +652,13 @@ class TrainStep(_LossScaledProgram):
     if state_finite is not None:
       metrics["state_finite"] = state_finite
     measured = ts.appended_metrics(program, extra)
-    if measured:
+    if contract.attribute("gemm_amax") in measured:
       metrics["gemm_stats"] = numerics.GemmStats.from_results(
           measured[contract.attribute("gemm_amax")],
           measured[contract.attribute("gemm_counts")])
+    if contract.attribute("nonfinite") in measured:
+      metrics["nonfinite"] = numerics.NonFinite.from_result(
+          measured[contract.attribute("nonfinite")])
     if self.has_aux:
       metrics["aux"] = aux
     return state, metrics
