@@ -229,17 +229,6 @@ static Value allFinite(OpBuilder &builder, Location loc, Value value) {
       builder, loc, shlo::buildIsFinite(builder, loc, value), "and", 1.0);
 }
 
-/// The AND of `flags` (i1 scalars); true where there is none.
-static Value allOf(OpBuilder &builder, Location loc,
-                   llvm::ArrayRef<Value> flags) {
-  if (flags.empty())
-    return shlo::buildScalar(builder, loc, builder.getI1Type(), 1.0);
-  Value all = flags.front();
-  for (Value flag : llvm::drop_begin(flags))
-    all = shlo::buildElementwise(builder, loc, "and", {all, flag});
-  return all;
-}
-
 FailureOr<Value> LossScalePass::unscaleAndCheck(TrainingStep &step,
                                                 const ScaleState &state) {
   OpBuilder builder(&getContext());
@@ -286,7 +275,8 @@ FailureOr<Value> LossScalePass::unscaleAndCheck(TrainingStep &step,
     step.main.emitError() << "no float gradients to check";
     return failure();
   }
-  return allOf(builder, step.main.getLoc(), finiteFlags);
+  return shlo::buildCombineScalars(builder, step.main.getLoc(), finiteFlags,
+                                   "and", /*empty=*/true);
 }
 
 /// ANDs `is_finite` of every float state result (its new value) into one
@@ -302,7 +292,8 @@ Value LossScalePass::buildStateCheck(TrainingStep &step) {
       continue; // integer state (counters, encoded f8 blocks)
     flags.push_back(allFinite(builder, loc, updated));
   }
-  return allOf(builder, loc, flags);
+  return shlo::buildCombineScalars(builder, loc, flags, "and",
+                                   /*empty=*/true);
 }
 
 /// An overflowed step keeps the old parameters and optimizer state: each

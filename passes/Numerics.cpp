@@ -140,14 +140,6 @@ std::optional<Rounding> roundingOf(Value operand) {
   return std::nullopt;
 }
 
-/// The lowercase MLIR spelling of `type` ("f8e4m3fn", "bf16").
-std::string formatName(FloatType type) {
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  type.print(os);
-  return llvm::StringRef(text).lower();
-}
-
 /// One operand's measurements: amax (f32) and the counts (i32), scalars.
 struct OperandStats {
   Value amax;
@@ -299,7 +291,7 @@ void NumericsPass::measureBlock(Block &block,
       }
       out.push_back(found->second);
       formats.push_back(StringAttr::get(
-          context, rounding ? formatName(rounding->format) : ""));
+          context, rounding ? shlo::floatTypeName(rounding->format) : ""));
     }
     if (auto decision = op.getAttrOfType<DictionaryAttr>(attr::kDecision)) {
       NamedAttrList fields(decision);
@@ -395,8 +387,8 @@ void NumericsPass::runOnOperation() {
     return;
   auto main = module.lookupSymbol<func::FuncOp>("main");
   if (!main || main.isExternal()) {
-    module.emitError() << "amp-numerics: no function 'main' to return the "
-                          "statistics from";
+    module.emitError() << "amp-numerics: no function 'main' to return its "
+                          "measurements from";
     return signalPassFailure();
   }
   for (unsigned i = 0; i < main.getNumResults(); ++i)

@@ -127,13 +127,6 @@ FloatType checkedElementType(Value value) {
   return shlo::getFloatElementType(value.getType());
 }
 
-std::string typeName(Type type) {
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  type.print(os);
-  return text;
-}
-
 } // namespace
 
 namespace {
@@ -447,15 +440,6 @@ void nonFiniteFlags(OpBuilder &builder, Location loc, ValueRange values,
   }
 }
 
-Value anyOf(OpBuilder &builder, Location loc, llvm::ArrayRef<Value> flags) {
-  if (flags.empty())
-    return shlo::buildScalar(builder, loc, builder.getI1Type(), 0.0);
-  Value any = flags.front();
-  for (Value flag : llvm::drop_begin(flags))
-    any = shlo::buildElementwise(builder, loc, "or", {any, flag});
-  return any;
-}
-
 /// The words of `flags` (one i1 scalar per region) as `i32[words]`.
 Value packBits(OpBuilder &builder, Location loc, llvm::ArrayRef<Value> flags) {
   Type i32 = builder.getI32Type();
@@ -496,8 +480,10 @@ Value mlir::amp::buildProvenanceBits(OpBuilder &builder, func::FuncOp main,
       nonFiniteFlags(builder, loc, value, nans, infs);
     }
     builder.setInsertionPoint(body.getTerminator());
-    nanFlags.push_back(anyOf(builder, main.getLoc(), nans));
-    infFlags.push_back(anyOf(builder, main.getLoc(), infs));
+    nanFlags.push_back(shlo::buildCombineScalars(builder, main.getLoc(), nans,
+                                                 "or", /*empty=*/false));
+    infFlags.push_back(shlo::buildCombineScalars(builder, main.getLoc(), infs,
+                                                 "or", /*empty=*/false));
   }
   Location loc = main.getLoc();
   builder.setInsertionPoint(body.getTerminator());
@@ -535,7 +521,7 @@ mlir::amp::provenanceRegionsAttr(MLIRContext *context,
         builder.getNamedAttr(
             region_key::kFormat,
             builder.getStringAttr(region.narrowest
-                                      ? typeName(region.narrowest)
+                                      ? shlo::floatTypeName(region.narrowest)
                                       : "")),
         builder.getNamedAttr(region_key::kInputs,
                              builder.getArrayAttr(inputs)),

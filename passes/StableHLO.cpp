@@ -366,6 +366,13 @@ FloatType shlo::getFloatElementType(Type type) {
   return dyn_cast<FloatType>(type);
 }
 
+std::string shlo::floatTypeName(FloatType type) {
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  type.print(os);
+  return llvm::StringRef(text).lower();
+}
+
 bool shlo::isExactWidening(Type from, Type to) {
   FloatType fromFloat = getFloatElementType(from);
   FloatType toFloat = getFloatElementType(to);
@@ -647,6 +654,17 @@ Value shlo::buildElementwise(OpBuilder &builder, Location loc,
   return createOp(builder, loc, opName(name), operands,
                   operands.front().getType())
       ->getResult(0);
+}
+
+Value shlo::buildCombineScalars(OpBuilder &builder, Location loc,
+                               llvm::ArrayRef<Value> scalars,
+                               llvm::StringRef combiner, bool empty) {
+  if (scalars.empty())
+    return buildScalar(builder, loc, builder.getI1Type(), empty ? 1.0 : 0.0);
+  Value combined = scalars.front();
+  for (Value scalar : llvm::drop_begin(scalars))
+    combined = buildElementwise(builder, loc, combiner, {combined, scalar});
+  return combined;
 }
 
 Value shlo::buildScalar(OpBuilder &builder, Location loc, Type elementType,

@@ -134,6 +134,9 @@ llvm::SmallVector<unsigned> indexOperands(Operation *op);
 /// The float element type of `type` if it is a ranked or unranked tensor of
 /// floats (or a float scalar), else null.
 FloatType getFloatElementType(Type type);
+/// The lowercase MLIR spelling of `type` ("f8e4m3fn", "bf16"): the
+/// contract's dtype names.
+std::string floatTypeName(FloatType type);
 /// True if `from` and `to` have float elements and every value of `from`'s
 /// is exactly representable in `to`'s (a convert between them is exact).
 bool isExactWidening(Type from, Type to);
@@ -202,6 +205,11 @@ Value buildElementwise(OpBuilder &builder, Location loc, llvm::StringRef name,
 /// A scalar (rank-0) constant of `elementType`.
 Value buildScalar(OpBuilder &builder, Location loc, Type elementType,
                   double value);
+/// `scalars` (i1, rank 0) combined with the binary `combiner` ("and",
+/// "or"); the i1 constant `empty` where there is none.
+Value buildCombineScalars(OpBuilder &builder, Location loc,
+                          llvm::ArrayRef<Value> scalars,
+                          llvm::StringRef combiner, bool empty);
 /// `stablehlo.compare` with `direction` (EQ, NE, GE, GT, LE, LT).
 Value buildCompare(OpBuilder &builder, Location loc, Value lhs, Value rhs,
                    llvm::StringRef direction);

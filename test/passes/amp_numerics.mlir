@@ -21,7 +21,7 @@
 // RUN: not amp-opt %t/twice.mlir --pass-pipeline='builtin.module(amp-numerics{collect=stats})' 2>&1 | FileCheck %s --check-prefix=TWICE
 
 // BADOPTION: error: invalid option 'collect': unknown numerics 'provenanse' (accepted: none, stats, provenance)
-// NOMAIN: error: amp-numerics: no function 'main' to return the statistics from
+// NOMAIN: error: amp-numerics: no function 'main' to return its measurements from
 // TWICE: error: amp-numerics: main already returns what it measures (amp.gemm_amax)
 
 //--- bf16.mlir

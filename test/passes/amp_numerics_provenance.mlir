@@ -21,8 +21,8 @@
 // REGIONS-SAME: {format = "bf16", inputs = [], loc = "", primitives = [], values = 2 : i64},
 // REGIONS-SAME: {format = "bf16", inputs = [0], loc = "{{.*}}jvp(Model)/Dense_0/dot_general{{.*}}", primitives = ["dot_general", "tanh"], values = 1 : i64},
 // REGIONS-SAME: {format = "f32", inputs = [1], loc = "{{.*}}jvp(loss)/reduce_sum{{.*}}", primitives = ["reduce_sum"], values = 1 : i64},
-// REGIONS-SAME: {format = "f8E4M3FN", inputs = [2, 0], loc = "{{.*}}transpose(jvp(Model))/Dense_0/mul{{.*}}", primitives = ["mul"], values = 1 : i64},
-// REGIONS-SAME: {format = "f8E4M3FN", inputs = [3], loc = "{{.*}}jvp(loss)/while{{.*}}", primitives = ["while"], values = 1 : i64}]
+// REGIONS-SAME: {format = "f8e4m3fn", inputs = [2, 0], loc = "{{.*}}transpose(jvp(Model))/Dense_0/mul{{.*}}", primitives = ["mul"], values = 1 : i64},
+// REGIONS-SAME: {format = "f8e4m3fn", inputs = [3], loc = "{{.*}}jvp(loss)/while{{.*}}", primitives = ["while"], values = 1 : i64}]
 
 // CHECK-LABEL: func.func public @main
 // CHECK-SAME: -> (tensor<f32>, tensor<4x8xbf16>, tensor<4x8xf8E4M3FN>, tensor<2x1xi32> {amp.nonfinite})

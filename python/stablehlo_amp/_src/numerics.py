@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from stablehlo_amp._src import contract
+from stablehlo_amp._src import policy
 from stablehlo_amp._src.report import OpDecision, Region, Report
 
 _OPERANDS = ("lhs", "rhs")
@@ -126,19 +127,16 @@ class NonFinite(NamedTuple):
 
 
 def _limit(fmt: str, what: str) -> str:
-  """Why a value of `fmt` is what it is, for people."""
+  """Why a value of `fmt` (the contract's dtype name) is what it is, for
+  people."""
   if "infinity" in what and fmt:
     try:
-      largest = float(jnp.finfo(jnp.dtype(_DTYPES.get(fmt, fmt))).max)
-    except TypeError:
+      largest = float(jnp.finfo(policy.dtype_of(fmt)).max)
+    except KeyError:  # a format the contract has no name for
       return f"{fmt} {what}"
     kind = "overflow" if what == "infinity" else "overflow, then NaN"
     return f"{fmt} {kind}: max finite {largest:.6g}"
   return f"{fmt} {what}" if fmt else what
-
-
-_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32",
-           "f64": "float64"}
 
 
 def explain_nonfinite(bits: NonFinite, report: Report) -> list[str]:
