@@ -555,11 +555,11 @@ struct EntryOption {
   /// (fp8_scaling=delayed); the option's other values are accepted
   /// everywhere.
   llvm::StringRef statefulValue = "";
-  /// The values whose measurements only a step's outputs can carry
-  /// (numerics=stats, provenance): amp.train_step returns them, amp-opt
-  /// appends them to main's results; amp.transform and amp.value_and_grad
-  /// refuse them.
-  llvm::ArrayRef<llvm::StringRef> stepOutputsValues = {};
+  /// The values that make the program return measurements beside its own
+  /// results (numerics=stats, provenance): amp-opt appends them to main's
+  /// results, amp.train_step puts them in its metrics, amp.value_and_grad
+  /// and amp.transform return them as one more element.
+  llvm::ArrayRef<llvm::StringRef> measuredValues = {};
 };
 
 const EntryOption kEntryOptions[] = {
@@ -608,7 +608,7 @@ const EntryOption kEntryOptions[] = {
      /*stateful=*/true},
     {"numerics", "amp-numerics", "collect", OptionKind::Choice, false, false,
      false, canonicalNumerics, nullptr, 0, "", "", "",
-     /*stepOutputsValues=*/llvm::ArrayRef(kNumericsNames).drop_front()},
+     /*measuredValues=*/llvm::ArrayRef(kNumericsNames).drop_front()},
 };
 
 llvm::StringRef kindName(OptionKind kind) {
@@ -803,8 +803,8 @@ llvm::json::Array entryOptionsJson(const llvm::json::Object &passes) {
       object["bf16_params_default"] = entry.bf16ParamsDefault;
     if (!entry.statefulValue.empty())
       object["stateful_value"] = entry.statefulValue;
-    if (!entry.stepOutputsValues.empty())
-      object["step_outputs_values"] = strings(entry.stepOutputsValues);
+    if (!entry.measuredValues.empty())
+      object["measured_values"] = strings(entry.measuredValues);
     if (entry.targetDefault) {
       llvm::json::Object defaults;
       for (llvm::StringRef name : targetNames())

@@ -121,6 +121,34 @@ def test_f16_counts_match_numpy_subnormals_and_overflow():
   assert measured["amax"] == np.abs(x).max()
 
 
+def test_transform_and_value_and_grad_return_the_statistics():
+  rng = np.random.default_rng(4)
+  x = _wide_range(rng, (64, 96), -10, 5.2)
+  w = jnp.asarray(rng.standard_normal((96, 16)) * 0.1, jnp.float32)
+  expected = _reference(x, np.float16, clamped=False)
+  fast = amp.transform(lambda x, w: x @ w, "p=f32,c=f16,o=f32",
+                       numerics="stats", target="gpu")
+  (decision,) = [d for d in fast.lower(x, w).report().decisions
+                 if d.stats_index is not None]
+  out, measured = fast(x, w)
+  assert out.shape == (64, 16)
+  stats = measured["gemm_stats"]
+  assert {k: int(np.asarray(getattr(stats, k))[decision.stats_index, 0])
+          for k in expected} == expected
+  # value_and_grad: the same forward GEMM among its GEMMs, a fourth element.
+  vg = amp.value_and_grad(linear_loss, "p=f32,c=f16,o=f32",
+                          numerics="stats", target="gpu")
+  batch = (x, jnp.zeros((64, 16)))
+  report = vg.lower({"w": w}, batch).report()
+  (forward,) = [d for d in report.decisions
+                if d.stats_index is not None and d.phase == "forward"]
+  *_, measured = vg({"w": w}, batch)
+  stats = measured["gemm_stats"]
+  assert {k: int(np.asarray(getattr(stats, k))[forward.stats_index, 0])
+          for k in expected} == expected
+  assert "Low-precision GEMMs: " in amp.explain(measured, report)
+
+
 def test_bf16_counts_match_numpy_as_xla_cpu_reads_f32():
   rng = np.random.default_rng(3)
   x = _wide_range(rng, (64, 96), -30, 30)
@@ -227,12 +255,6 @@ def test_explain_says_a_step_was_skipped():
 def test_bad_numerics_values_and_entry_points():
   with pytest.raises(ValueError, match=r"accepted: none, stats"):
     amp.train_step(linear_loss, optax.sgd(1e-3), numerics="stat")
-  with pytest.raises(ValueError, match=r"amp.train_step puts them in its "
-                     r"metrics"):
-    amp.transform(lambda x: x @ x, numerics="stats")
-  with pytest.raises(ValueError, match=r"amp.train_step puts them in its "
-                     r"metrics"):
-    amp.value_and_grad(linear_loss, numerics="stats")
   step, params, batch = _mlp_setup(numerics="stats")
   state, metrics = step(step.init(params), batch)
   other = amp.transform(lambda x, w: x @ w, "p=f32,c=bf16,o=f32",

@@ -185,7 +185,7 @@ def test_a_poisoned_input_is_reported_as_the_inputs(built):
   _, metrics = step(step.init(params), _batch())
   region, what = metrics["nonfinite"].first(report)
   assert region.index == 0 and what == "infinity"
-  assert "the step's inputs held an infinity" in amp.explain(metrics, report)
+  assert "the inputs held an infinity" in amp.explain(metrics, report)
 
 
 def test_the_bit_survives_fusion_and_nothing_goes_to_the_host(built):
@@ -227,8 +227,42 @@ def test_bits_merge_and_errors():
         other.lower(other.init(_params()), _batch()).report())
   with pytest.raises(ValueError, match="accepted: none, stats, provenance"):
     amp.train_step(transformer_loss, optax.sgd(1e-3), numerics="provenace")
-  with pytest.raises(ValueError, match="amp.train_step puts them"):
-    amp.transform(transformer_loss, numerics="provenance")
+
+
+def test_transform_returns_the_bits_beside_its_outputs():
+  fast = amp.transform(transformer_loss, POLICIES["bf16"],
+                       numerics="provenance")
+  params = _params()
+  report = fast.lower(params, _batch()).report()
+  loss, measured = fast(params, _batch())
+  assert np.isfinite(loss) and measured["nonfinite"].first(report) is None
+  loss, measured = jax.jit(fast)(params, _batch(_switched(FORWARD)))
+  region, what = measured["nonfinite"].first(report)
+  assert (region.phase, region.scope, what) == ("forward", "layers_2/attn",
+                                                "NaN")
+  assert not np.isfinite(loss)
+  assert "First non-finite: forward of `layers_2/attn`" in \
+      amp.explain(measured, report)
+  # No backward region: the function has no backward pass.
+  assert {r.phase for r in report.regions[1:]} == {"forward"}
+  # Measurements have no derivative; the error says what to do instead.
+  with pytest.raises(TypeError, match=r"amp.value_and_grad, amp.train_step"):
+    jax.grad(lambda p: fast(p, _batch())[0])(params)
+
+
+def test_value_and_grad_returns_the_bits_as_a_fourth_element():
+  vg = amp.value_and_grad(transformer_loss, POLICIES["f16"],
+                          numerics="provenance")
+  params = _params()
+  report = vg.lower(params, _batch()).report()
+  (_, grads), finite, _, measured = vg(params, _batch(_switched(BACKWARD)))
+  region, _ = measured["nonfinite"].first(report)
+  assert (region.phase, region.scope) == ("backward", "layers_1/mlp")
+  assert not bool(finite)
+  (_, grads), finite, _, measured = vg(params, _batch())
+  assert bool(finite) and measured["nonfinite"].regions(report) == []
+  assert jax.tree_util.tree_structure(grads) == \
+      jax.tree_util.tree_structure(params)
 
 
 def test_the_example_finds_the_overflow(capsys):

@@ -6,14 +6,16 @@ of its nonzero values, of those its format's rounding sends to zero
 (underflow) and of those it cannot hold (saturated). A training step
 returns them as `GemmStats` in ``metrics["gemm_stats"]``: arrays indexed
 ``[gemm, operand]``, the GEMM being the report's ``stats_index`` and the
-operand 0 (lhs) or 1 (rhs). `GemmStats.merge` accumulates them over steps;
+operand 0 (lhs) or 1 (rhs); `value_and_grad` and `transform` return them
+beside their outputs. `GemmStats.merge` accumulates them over steps;
 `explain` ranks them against the report.
 
 With ``numerics="provenance"`` the pass checks, inside the step, every
 value each region of the step hands on (a module's forward or backward pass
 at one source line, an optimizer line) for NaN and infinity, and sets the
 region's bits. A training step returns them as `NonFinite` in
-``metrics["nonfinite"]``; `NonFinite.first` names the first region to go
+``metrics["nonfinite"]`` (`value_and_grad` and `transform` beside their
+outputs); `NonFinite.first` names the first region to go
 non-finite: the earliest whose bits are set while every region it reads
 handed on finite values.
 """
@@ -126,6 +128,21 @@ class NonFinite(NamedTuple):
     return flagged[0] if flagged else None
 
 
+def measurements(measured: Mapping[str, Any]) -> dict[str, Any]:
+  """The metrics of amp-numerics' results (`appended_metrics`, by role
+  attribute): ``gemm_stats`` (`GemmStats`) and ``nonfinite``
+  (`NonFinite`), those the program has."""
+  metrics: dict[str, Any] = {}
+  if contract.attribute("gemm_amax") in measured:
+    metrics["gemm_stats"] = GemmStats.from_results(
+        measured[contract.attribute("gemm_amax")],
+        measured[contract.attribute("gemm_counts")])
+  if contract.attribute("nonfinite") in measured:
+    metrics["nonfinite"] = NonFinite.from_result(
+        measured[contract.attribute("nonfinite")])
+  return metrics
+
+
 def _limit(fmt: str, what: str) -> str:
   """Why a value of `fmt` (the contract's dtype name) is what it is, for
   people."""
@@ -148,8 +165,8 @@ def explain_nonfinite(bits: NonFinite, report: Report) -> list[str]:
             "was finite."]
   region, what = bits.first(report)
   if region.index == 0:
-    lines = [f"First non-finite: the step's inputs held {_article(what)} "
-             "(a parameter, the optimizer state or the batch)."]
+    lines = [f"First non-finite: the inputs held {_article(what)} (an "
+             "argument: a step's parameters, optimizer state or batch)."]
   else:
     where = _relative(region.where)
     at = f" at {where}" if where not in region.name else ""

@@ -111,7 +111,6 @@ def check_option_names(given: Iterable[str] | Mapping[str, Any],
         unknown, accepted, accepted_options(stateful=True)))
   if not stateful and isinstance(given, Mapping):
     check_stateless_values(given)
-    check_function_outputs(given)
 
 
 def check_stateless_values(given: Mapping[str, Any]) -> None:
@@ -128,19 +127,13 @@ def check_stateless_values(given: Mapping[str, Any]) -> None:
           f"amp.train_step carries; here use {', '.join(others)}")
 
 
-def check_function_outputs(given: Mapping[str, Any]) -> None:
-  """ValueError for an option value whose measurements only a training
-  step's outputs carry (the contract's ``step_outputs_values``:
-  ``numerics="stats"``, ``"provenance"``), given to an entry point that
-  returns the function's own outputs."""
-  for name, value in given.items():
-    spec = contract.options().get(name, {})
-    if value is not None and value in spec.get("step_outputs_values", ()):
-      raise ValueError(
-          f"{name}={value!r} returns its measurements as outputs of a "
-          "training step: amp.train_step puts them in its metrics, amp-opt "
-          "appends them to main's results; amp.transform and "
-          "amp.value_and_grad return only the function's own outputs")
+def returns_measurements(options: "RewriteOptions") -> bool:
+  """Whether a program built with `options` returns measurements beside
+  its own results (an option value among the contract's
+  ``measured_values``: ``numerics="stats"``, ``"provenance"``)."""
+  return any(getattr(options, name) in spec.get("measured_values", ())
+             for name, spec in contract.options().items()
+             if not spec["internal"])
 
 
 def options_help(stateful: bool, indent: int = 0) -> str:

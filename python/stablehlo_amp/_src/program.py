@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import export as jax_export
 from jax.extend.mlir import ir
-from jax.interpreters import batching
+from jax.interpreters import ad, batching
 from jax.interpreters import mlir as jax_mlir
 
 from stablehlo_amp._src import contract
@@ -202,6 +202,18 @@ amp_module_call_p.def_impl(
     lambda *args, program: jax.jit(
         lambda *xs: amp_module_call_p.bind(*xs, program=program))(*args))
 batching.primitive_batchers[amp_module_call_p] = _batch_rule
+
+
+def _jvp_rule(primals, tangents, *, program: Program):
+  del primals, tangents
+  raise TypeError(
+      f"jax.grad or jax.jvp of {program.name}, whose program returns "
+      "loss-scale state or measurements (numerics=) beside its results: "
+      "differentiate the function itself (amp.value_and_grad, "
+      "amp.train_step), or amp.transform it without numerics=")
+
+
+ad.primitive_jvps[amp_module_call_p] = _jvp_rule
 
 
 def _lower_call(ctx: Any, *args: Any, program: Program) -> list:

@@ -98,10 +98,6 @@ def _taken_by(name: str, spec: dict) -> str:
   if spec.get("stateful_value"):
     return ("`transform`, `value_and_grad`, `train_step`, `amp-opt` "
             f"(`{spec['stateful_value']}`: `train_step`)")
-  if spec.get("step_outputs_values"):
-    values = ", ".join(f"`{v}`" for v in spec["step_outputs_values"])
-    return ("`transform`, `value_and_grad`, `train_step`, `amp-opt` "
-            f"({values}: `train_step`, `amp-opt`)")
   return "`transform`, `value_and_grad`, `train_step`, `amp-opt`"
 
 

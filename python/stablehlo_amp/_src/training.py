@@ -249,7 +249,8 @@ class _LossScaledProgram:
 
 class ValueAndGrad(_LossScaledProgram):
   """`amp.value_and_grad(loss_fn, policy)`: call as
-  ``(value, grads), grads_finite, loss_scale = vg(*args, loss_scale=ls)``.
+  ``(value, grads), grads_finite, loss_scale = vg(*args, loss_scale=ls)``,
+  and with ``numerics=`` set, ``..., loss_scale, measured = vg(...)``.
   """
 
   def __init__(self, fun: Callable, policy: Policy | str, *, has_aux: bool,
@@ -344,9 +345,13 @@ class ValueAndGrad(_LossScaledProgram):
     grads = (grads[positions[0]] if isinstance(self.argnums, int) else
              tuple(grads[i] for i in positions))
     value = (loss, aux) if self.has_aux else loss
+    measured = numerics.measurements(ts.appended_metrics(program, extra))
     extra = ts.appended_results(program, extra).get("loss_scale", [])
-    return ((value, grads), loss_scale.grads_finite(extra),
-            loss_scale.with_state(extra))
+    result = ((value, grads), loss_scale.grads_finite(extra),
+              loss_scale.with_state(extra))
+    # numerics= adds what it measured, as train_step's metrics hold it.
+    return (result + (measured,) if pl.returns_measurements(self._options)
+            else result)
 
 
 def value_and_grad(fun: Callable,
@@ -367,7 +372,11 @@ def value_and_grad(fun: Callable,
   are the parameters (they take the ``p=`` dtype, f64 kept); their other
   leaves get zero gradients of their own dtype. `loss_scale` defaults to
   `DynamicLossScale()` for f16 compute and `NoOpLossScale()` otherwise.
-  `options` are the rewrite options of `amp.transform`.
+  `options` are the rewrite options of `amp.transform`. With
+  ``numerics="provenance"`` or ``"stats"`` a fourth element holds what the
+  program measured, as in `train_step`'s metrics: ``{"nonfinite":
+  NonFinite}`` or ``{"gemm_stats": GemmStats}``, read with `amp.explain`
+  and ``vg.lower(...).report()``.
 
   >>> import jax.numpy as jnp, stablehlo_amp as amp
   >>> vg = amp.value_and_grad(lambda w, x: jnp.sum((x @ w) ** 2))
@@ -651,14 +660,7 @@ class TrainStep(_LossScaledProgram):
                "skipped_steps": state.skipped_steps}
     if state_finite is not None:
       metrics["state_finite"] = state_finite
-    measured = ts.appended_metrics(program, extra)
-    if contract.attribute("gemm_amax") in measured:
-      metrics["gemm_stats"] = numerics.GemmStats.from_results(
-          measured[contract.attribute("gemm_amax")],
-          measured[contract.attribute("gemm_counts")])
-    if contract.attribute("nonfinite") in measured:
-      metrics["nonfinite"] = numerics.NonFinite.from_result(
-          measured[contract.attribute("nonfinite")])
+    metrics.update(numerics.measurements(ts.appended_metrics(program, extra)))
     if self.has_aux:
       metrics["aux"] = aux
     return state, metrics

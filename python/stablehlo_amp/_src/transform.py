@@ -35,8 +35,10 @@ from jax.interpreters import mlir as jax_mlir
 
 from stablehlo_amp._src import contract
 from stablehlo_amp._src import jax_compat
+from stablehlo_amp._src import numerics
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
+from stablehlo_amp._src import train_state as ts
 from stablehlo_amp._src.policy import Policy, as_policy
 
 
@@ -495,8 +497,24 @@ class Transformed:
     except pl.RewriteError as error:
       warn_running_original(spec.name, error, stacklevel=4)
       return self._inner(*args, **kwargs)
+    if pl.returns_measurements(self._options):
+      return self._measured(spec, avals, leaves, out_trees[0])
     outputs = amp_call_p.bind(*leaves, spec=spec)
     return jax.tree_util.tree_unflatten(out_trees[0], outputs)
+
+  @staticmethod
+  def _measured(spec: _Spec, avals: list, leaves: list, out_tree: Any
+                ) -> tuple[Any, dict[str, Any]]:
+    """The outputs and what the program measured of them (``numerics=``).
+    The program is called directly, not through the differentiable
+    primitive: measurements have no derivative, and `jax.grad` of such a
+    call says so."""
+    program = spec.program(avals)
+    outputs, extra = program.call(leaves)
+    outputs = [o.astype(a.dtype) if o.dtype != a.dtype else o
+               for o, a in zip(outputs, spec.out_avals(avals))]
+    return (jax.tree_util.tree_unflatten(out_tree, outputs),
+            numerics.measurements(ts.appended_metrics(program, extra)))
 
 
 def _calibration_budget(calibrate: Any, tolerance: float | None,
@@ -561,9 +579,10 @@ OPTIONS
 
   The result composes with `jax.jit`, `jax.grad`, `jax.vjp`, `jax.jvp` and
   `jax.vmap`: each derived program is lowered and rewritten with the same
-  policy (calibration applies to the function itself). Host callbacks
-  (``jax.debug.print``) run inside the rewritten program; a function with an
-  ordered effect runs unchanged, with a warning.
+  policy (calibration applies to the function itself). With ``numerics=``
+  it returns ``(outputs, measured)``, for `jax.jit` and `jax.vmap` only.
+  Host callbacks (``jax.debug.print``) run inside the rewritten program; a
+  function with an ordered effect runs unchanged, with a warning.
 
   >>> import jax, jax.numpy as jnp, stablehlo_amp as amp
   >>> fast = amp.transform(lambda w, x: jnp.tanh(x @ w), "p=f32,c=bf16,o=f32")
