@@ -6,6 +6,8 @@
 
 #include "llvm/ADT/APFloat.h"
 #include "llvm/ADT/BitVector.h"
+#include "llvm/ADT/MapVector.h"
+#include "llvm/ADT/SmallVectorExtras.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/StringMap.h"
@@ -401,72 +403,195 @@ mlir::amp::findProvenanceRegions(func::FuncOp main) {
 }
 
 namespace {
-/// Whether each of `values` (of one shape) has a NaN, and whether it has an
-/// infinity (i1 scalars, false for a format without infinities), from one
-/// variadic reduction that reads each once. (A reduction of each value's
-/// largest magnitude, or of x - x, ran twice as slow on XLA:CPU.)
-void nonFiniteFlags(OpBuilder &builder, Location loc, ValueRange values,
-                    llvm::SmallVectorImpl<Value> &nans,
-                    llvm::SmallVectorImpl<Value> &infs) {
-  llvm::SmallVector<Value> predicates;
-  llvm::SmallVector<bool> hasInf;
-  for (Value value : values) {
-    auto type = cast<RankedTensorType>(value.getType());
-    auto element = cast<FloatType>(type.getElementType());
-    predicates.push_back(shlo::buildCompare(builder, loc, value, value, "NE"));
-    // FP8's fn formats have no infinity: what overflows them saturates.
-    hasInf.push_back(
-        llvm::APFloat::semanticsHasInf(element.getFloatSemantics()));
-    if (!hasInf.back())
-      continue;
-    Value infinity = shlo::buildBroadcastScalar(
-        builder, loc,
-        shlo::buildScalar(builder, loc, element,
-                          std::numeric_limits<double>::infinity()),
-        type);
-    Value magnitude = shlo::buildElementwise(builder, loc, "abs", {value});
-    predicates.push_back(
-        shlo::buildCompare(builder, loc, magnitude, infinity, "EQ"));
-  }
-  llvm::SmallVector<llvm::StringRef> combiners(predicates.size(), "or");
-  llvm::SmallVector<double> inits(predicates.size(), 0.0);
-  llvm::SmallVector<Value> flags =
-      shlo::buildReduceAllTogether(builder, loc, predicates, combiners, inits);
-  Value none = shlo::buildScalar(builder, loc, builder.getI1Type(), 0.0);
-  auto flag = flags.begin();
-  for (bool inf : hasInf) {
-    nans.push_back(*flag++);
-    infs.push_back(inf ? *flag++ : none);
-  }
+/// What one check of a value found: its largest and smallest elements,
+/// from 0. XLA's maximum and minimum keep a NaN, so the largest is NaN if
+/// the value has one, else +inf if it has one; the smallest is -inf if it
+/// has one. (A value with both reports its NaN.)
+struct Check {
+  Value largest;
+  Value smallest;
+  int64_t region;
+};
+
+/// Checks `value` with one variadic reduction of the value itself.
+/// (Comparisons before the reduction, `x != x` and `|x| == inf`, let
+/// XLA:GPU fuse them into the kernel that writes the value and reduce the
+/// predicates it then stores, 1 byte per element: +11% memory on an H100.
+/// Comparisons after it cost a kernel each: its flags are compared as one
+/// vector, `packBits`.)
+Check checkNonFinite(OpBuilder &builder, Location loc, Value value,
+                     int64_t region) {
+  // In f32: XLA:CPU reduces a 16-bit maximum element by element, 30x
+  // slower (a widening keeps NaN and infinities).
+  auto element = cast<FloatType>(getElementTypeOrSelf(value.getType()));
+  if (element.getWidth() < 32)
+    value = shlo::buildConvert(builder, loc, value, builder.getF32Type());
+  llvm::SmallVector<Value> extremes = shlo::buildReduceAllTogether(
+      builder, loc, {value, value}, {"maximum", "minimum"}, {0.0, 0.0});
+  return {extremes[0], extremes[1], region};
 }
 
-/// The words of `flags` (one i1 scalar per region) as `i32[words]`.
-Value packBits(OpBuilder &builder, Location loc, llvm::ArrayRef<Value> flags) {
-  Type i32 = builder.getI32Type();
-  llvm::SmallVector<Value> words;
-  for (size_t start = 0; start < flags.size(); start += 32) {
-    Value word = shlo::buildScalar(builder, loc, i32, 0);
-    for (size_t bit = 0; bit < 32 && start + bit < flags.size(); ++bit) {
-      Value one = shlo::buildConvert(builder, loc, flags[start + bit], i32);
-      Value shift = shlo::buildScalar(builder, loc, i32, bit);
-      word = shlo::buildElementwise(
-          builder, loc, "or",
-          {word, shlo::buildElementwise(builder, loc, "shift_left",
-                                        {one, shift})});
-    }
-    words.push_back(shlo::buildReshape(builder, loc, word, {1}));
+/// Whether the kernel that checks `value` reads one of main's arguments:
+/// an argument, or a value of elementwise ops on one, which XLA fuses into
+/// the check (the optimizer's new parameter, `p + update`, reads `p`).
+bool readsInputWhenFused(Value value, int depth = 0) {
+  if (auto argument = dyn_cast<BlockArgument>(value))
+    return isa<func::FuncOp>(argument.getOwner()->getParentOp());
+  Operation *producer = value.getDefiningOp();
+  if (depth > 6 || !shlo::isElementwiseOrBroadcast(producer))
+    return false;
+  return llvm::any_of(producer->getOperands(), [&](Value operand) {
+    return readsInputWhenFused(operand, depth + 1);
+  });
+}
+
+/// Whether any of `largest` (checks' largest elements, from 0) is below 0:
+/// never, but XLA cannot know. One vector per element type, so that it
+/// costs a kernel or two, not one per check.
+Value anyBelowZero(OpBuilder &builder, Location loc,
+                   llvm::ArrayRef<Value> largest) {
+  llvm::MapVector<Type, llvm::SmallVector<Value>> byType;
+  for (Value value : largest)
+    byType[getElementTypeOrSelf(value.getType())].push_back(
+        shlo::buildReshape(builder, loc, value, {1}));
+  llvm::SmallVector<Value> below;
+  for (auto &[element, group] : byType) {
+    Value vector = shlo::buildConcatenate(builder, loc, group, 0);
+    auto type = cast<RankedTensorType>(vector.getType());
+    Value zeros = shlo::buildBroadcastScalar(
+        builder, loc, shlo::buildScalar(builder, loc, element, 0.0), type);
+    below.push_back(shlo::buildReduce(
+        builder, loc, shlo::buildCompare(builder, loc, vector, zeros, "LT"),
+        {0}, "or", 0));
   }
-  return words.size() == 1 ? words.front()
-                           : shlo::buildConcatenate(builder, loc, words, 0);
+  return shlo::buildCombineScalars(builder, loc, below, "or", false);
+}
+
+/// Makes the readers of a checked value that reads a step's input
+/// (`readsInputWhenFused`; `uses`, the readers before the check) read it
+/// after its check, through `value - never`, where `never` is false but
+/// made from the check (`anyBelowZero`): exactly `value` (NaN, infinities
+/// and -0 included), which XLA cannot compute before the check. An input
+/// is donated, so the step writes its new value over it; a check that the
+/// writer does not wait for makes XLA copy the input first (every
+/// parameter and moment: +11% memory on an H100), or fuse the check with
+/// the write, which then cannot be in place. (An optimization barrier
+/// orders nothing here: XLA removes barriers before it places copies.)
+void readAfterCheck(OpBuilder &builder, Location loc,
+                    llvm::ArrayRef<OpOperand *> uses, Value never) {
+  if (uses.empty())
+    return;
+  Value value = uses.front()->get();
+  auto type = cast<RankedTensorType>(value.getType());
+  Value held = shlo::buildElementwise(
+      builder, loc, "subtract",
+      {value, shlo::buildBroadcastScalar(
+                  builder, loc,
+                  shlo::buildConvert(builder, loc, never,
+                                     type.getElementType()),
+                  type)});
+  for (OpOperand *use : uses)
+    use->set(held);
+}
+
+/// The OR of `masks` (`i32[checks, words]`) over the checks whose `flags`
+/// (`i1[checks]`) are set: `i32[words]`.
+Value maskedOr(OpBuilder &builder, Location loc, Value flags, Value masks) {
+  auto type = cast<RankedTensorType>(masks.getType());
+  Value set = shlo::buildBroadcastInDim(
+      builder, loc, flags,
+      RankedTensorType::get(type.getShape(), builder.getI1Type()), {0});
+  Value zeros = shlo::buildBroadcastScalar(
+      builder, loc, shlo::buildScalar(builder, loc, type.getElementType(), 0),
+      type);
+  return shlo::buildReduce(builder, loc,
+                           shlo::buildSelect(builder, loc, set, masks, zeros),
+                           {0}, "or", 0);
+}
+
+/// The NaN and infinity bits (`i32[words]` each) of `checks`: bit `r % 32`
+/// of word `r / 32` is set where a check of region r found one. The checks'
+/// extremes are concatenated, per element type, and compared as vectors: a
+/// few kernels, where comparisons of each scalar cost XLA a kernel each.
+std::pair<Value, Value> packBits(OpBuilder &builder, Location loc,
+                                 llvm::ArrayRef<Check> checks, int64_t words) {
+  Type i32 = builder.getI32Type();
+  auto bitsType = RankedTensorType::get({words}, i32);
+  Value nanBits = shlo::buildBroadcastScalar(
+      builder, loc, shlo::buildScalar(builder, loc, i32, 0), bitsType);
+  Value infBits = nanBits;
+  llvm::MapVector<Type, llvm::SmallVector<const Check *>> byType;
+  for (const Check &check : checks)
+    byType[getElementTypeOrSelf(check.largest.getType())].push_back(&check);
+  for (auto &[type, group] : byType) {
+    auto element = cast<FloatType>(type);
+    int64_t count = group.size();
+    auto vector = [&](Value Check::*extreme) {
+      return shlo::buildConcatenate(
+          builder, loc, llvm::map_to_vector(group, [&](const Check *check) {
+            return shlo::buildReshape(builder, loc, check->*extreme, {1});
+          }), 0);
+    };
+    Value largest = vector(&Check::largest);
+    Value smallest = vector(&Check::smallest);
+    auto vectorType = RankedTensorType::get({count}, element);
+    auto constant = [&](double value) {
+      return shlo::buildBroadcastScalar(
+          builder, loc, shlo::buildScalar(builder, loc, element, value),
+          vectorType);
+    };
+    llvm::SmallVector<int32_t> masks(count * words, 0);
+    for (auto [i, check] : llvm::enumerate(group))
+      masks[i * words + check->region / 32] =
+          static_cast<int32_t>(uint32_t{1} << (check->region % 32));
+    Value maskValues = shlo::buildConstant(
+        builder, loc,
+        DenseElementsAttr::get(RankedTensorType::get({count, words}, i32),
+                               llvm::ArrayRef(masks)));
+    nanBits = shlo::buildElementwise(
+        builder, loc, "or",
+        {nanBits,
+         maskedOr(builder, loc,
+                  shlo::buildCompare(builder, loc, largest, largest, "NE"),
+                  maskValues)});
+    double inf = std::numeric_limits<double>::infinity();
+    Value infinite = shlo::buildElementwise(
+        builder, loc, "or",
+        {shlo::buildCompare(builder, loc, largest, constant(inf), "EQ"),
+         shlo::buildCompare(builder, loc, smallest, constant(-inf), "EQ")});
+    infBits = shlo::buildElementwise(
+        builder, loc, "or",
+        {infBits, maskedOr(builder, loc, infinite, maskValues)});
+  }
+  return {nanBits, infBits};
 }
 } // namespace
 
 Value mlir::amp::buildProvenanceBits(OpBuilder &builder, func::FuncOp main,
                                      llvm::ArrayRef<ProvenanceRegion> regions) {
   Block &body = main.front();
-  llvm::SmallVector<Value> nanFlags, infFlags;
-  for (const ProvenanceRegion &region : regions) {
-    llvm::SmallVector<Value> nans, infs;
+  llvm::SmallVector<Check> checks;
+  // The inputs' readers wait for every input's check (one flag for all:
+  // the inputs are all there at the start).
+  llvm::SmallVector<std::pair<llvm::SmallVector<OpOperand *>, Value>> inputs;
+  auto holdInputs = [&] {
+    if (inputs.empty())
+      return;
+    Operation *last = inputs.front().second.getDefiningOp();
+    for (auto &input : inputs)
+      if (last->isBeforeInBlock(input.second.getDefiningOp()))
+        last = input.second.getDefiningOp();
+    builder.setInsertionPointAfter(last);
+    Value never = anyBelowZero(
+        builder, main.getLoc(),
+        llvm::map_to_vector(inputs, [](auto &input) { return input.second; }));
+    for (auto &[uses, largest] : inputs)
+      readAfterCheck(builder, main.getLoc(), uses, never);
+    inputs.clear();
+  };
+  for (auto [index, region] : llvm::enumerate(regions)) {
+    if (index == 1)
+      holdInputs();
     for (Value value : region.handedOn) {
       // Next to the value, so XLA can fuse the check into the kernel that
       // writes it, and the value need not live longer for it. (Checking the
@@ -477,25 +602,26 @@ Value mlir::amp::buildProvenanceBits(OpBuilder &builder, func::FuncOp main,
       else
         builder.setInsertionPointToStart(&body);
       Location loc = region.first ? region.first->getLoc() : main.getLoc();
-      nonFiniteFlags(builder, loc, value, nans, infs);
+      auto uses = llvm::map_to_vector(value.getUses(),
+                                      [](OpOperand &use) { return &use; });
+      checks.push_back(checkNonFinite(builder, loc, value, index));
+      Value largest = checks.back().largest;
+      if (isa<BlockArgument>(value))
+        inputs.push_back({uses, largest});
+      else if (readsInputWhenFused(value))
+        readAfterCheck(builder, loc, uses, anyBelowZero(builder, loc, largest));
     }
-    builder.setInsertionPoint(body.getTerminator());
-    nanFlags.push_back(shlo::buildCombineScalars(builder, main.getLoc(), nans,
-                                                 "or", /*empty=*/false));
-    infFlags.push_back(shlo::buildCombineScalars(builder, main.getLoc(), infs,
-                                                 "or", /*empty=*/false));
   }
+  holdInputs();
   Location loc = main.getLoc();
   builder.setInsertionPoint(body.getTerminator());
   int64_t words = (regions.size() + 31) / 32;
-  Value rows = shlo::buildConcatenate(
+  auto [nanBits, infBits] = packBits(builder, loc, checks, words);
+  return shlo::buildConcatenate(
       builder, loc,
-      {shlo::buildReshape(builder, loc, packBits(builder, loc, nanFlags),
-                          {1, words}),
-       shlo::buildReshape(builder, loc, packBits(builder, loc, infFlags),
-                          {1, words})},
+      {shlo::buildReshape(builder, loc, nanBits, {1, words}),
+       shlo::buildReshape(builder, loc, infBits, {1, words})},
       0);
-  return rows;
 }
 
 ArrayAttr

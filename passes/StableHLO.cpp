@@ -667,6 +667,13 @@ Value shlo::buildCombineScalars(OpBuilder &builder, Location loc,
   return combined;
 }
 
+Value shlo::buildConstant(OpBuilder &builder, Location loc,
+                          DenseElementsAttr value) {
+  return createOp(builder, loc, opName("constant"), {}, value.getType(),
+                  {builder.getNamedAttr("value", value)})
+      ->getResult(0);
+}
+
 Value shlo::buildScalar(OpBuilder &builder, Location loc, Type elementType,
                         double value) {
   auto type = RankedTensorType::get({}, elementType);

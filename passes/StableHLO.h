@@ -202,6 +202,8 @@ Value buildDotGeneral(OpBuilder &builder, Operation *prototype, Value lhs,
 /// `and`, `abs`, ...), by StableHLO short name.
 Value buildElementwise(OpBuilder &builder, Location loc, llvm::StringRef name,
                        ValueRange operands);
+/// A `stablehlo.constant` of `value`.
+Value buildConstant(OpBuilder &builder, Location loc, DenseElementsAttr value);
 /// A scalar (rank-0) constant of `elementType`.
 Value buildScalar(OpBuilder &builder, Location loc, Type elementType,
                   double value);

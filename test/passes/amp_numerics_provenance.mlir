@@ -5,7 +5,7 @@
 // variadic reduction), the bits appended as amp.nonfinite i32[2, words],
 // the regions listed on main. Region 0 is main's arguments; an op with no
 // location joins its first operand's region; constants are in none; a loop
-// is one op of its region; FP8 (no infinity) gets only the NaN check. A
+// is one op of its region. A
 // value whose non-finite elements surely reach another checked value of
 // its region (through a widening or a rounding convert) is not checked.
 //
@@ -26,40 +26,59 @@
 
 // CHECK-LABEL: func.func public @main
 // CHECK-SAME: -> (tensor<f32>, tensor<4x8xbf16>, tensor<4x8xf8E4M3FN>, tensor<2x1xi32> {amp.nonfinite})
-// The inputs, checked at the top: NaN (x != x) and infinity (|x| == inf),
-// one variadic reduction each.
-// CHECK: %[[ANAN:.*]] = stablehlo.compare NE, %arg1, %arg1
-// CHECK: %[[ABS:.*]] = stablehlo.abs %arg1
-// CHECK: %[[AINF:.*]] = stablehlo.compare EQ, %[[ABS]]
-// CHECK: stablehlo.reduce(%[[ANAN]] init: {{.*}}), (%[[AINF]] init: {{.*}}) across dimensions = [0, 1]
-// CHECK: stablehlo.or
-// CHECK: stablehlo.compare NE, %arg0, %arg0
+// The inputs, checked at the top: each one's largest and smallest elements
+// from 0 (in f32: a widening keeps NaN and infinities), one variadic
+// reduction that reads it once (a NaN stays in the largest, an infinity is
+// the largest or the smallest). Their readers read them after every
+// input's check, as `x - any(largest < 0)`: exactly x, which XLA cannot
+// compute sooner (it would copy a donated input the step overwrites).
+// CHECK: %[[A1W:.*]] = stablehlo.convert %arg1 : (tensor<8x8xbf16>) -> tensor<8x8xf32>
+// CHECK: %[[A1:.*]]:2 = stablehlo.reduce(%[[A1W]] init: {{.*}}), (%[[A1W]] init: {{.*}}) across dimensions = [0, 1]
+// CHECK: stablehlo.maximum
+// CHECK: stablehlo.minimum
+// CHECK: %[[A0W:.*]] = stablehlo.convert %arg0
+// CHECK: %[[A0:.*]]:2 = stablehlo.reduce(%[[A0W]] init: {{.*}}), (%[[A0W]] init: {{.*}}) across dimensions = [0, 1]
+// CHECK: %[[BELOW:.*]] = stablehlo.compare LT
+// CHECK: %[[NEVER:.*]] = stablehlo.reduce(%[[BELOW]] init: {{.*}}) applies stablehlo.or
+// CHECK: %[[X:.*]] = stablehlo.subtract %arg0
+// CHECK: %[[W:.*]] = stablehlo.subtract %arg1
 // The dot's value stays inside its region (read by tanh, same region): not
 // checked. tanh's value leaves it: checked right after tanh.
-// CHECK: %[[DOT:.*]] = stablehlo.dot_general
-// CHECK-NOT: stablehlo.compare NE, %[[DOT]]
+// CHECK: %[[DOT:.*]] = stablehlo.dot_general %[[X]], %[[W]]
+// CHECK-NOT: stablehlo.convert %[[DOT]]
 // CHECK: %[[TANH:.*]] = stablehlo.tanh %[[DOT]]
-// CHECK-NEXT: stablehlo.compare NE, %[[TANH]], %[[TANH]]
+// CHECK-NEXT: %[[TW:.*]] = stablehlo.convert %[[TANH]]
+// CHECK: stablehlo.reduce(%[[TW]] init: {{.*}}), (%[[TW]] init:
 // The constant is in no region; the convert without a location joins its
 // operand's region (the loss's). The sum leaves the region too, but its
 // widening, returned, is checked and has its non-finite values: the sum
 // is not checked itself. So for the product, returned, and its FP8
 // rounding (same location, same region).
-// CHECK: %[[SUM:.*]] = stablehlo.reduce(%[[TANH]] init:
-// CHECK-NOT: stablehlo.compare NE, %[[SUM]], %[[SUM]]
-// CHECK: %[[WIDE:.*]] = stablehlo.convert %[[SUM]]
-// CHECK-NEXT: stablehlo.compare NE, %[[WIDE]], %[[WIDE]]
+// CHECK: %[[SUM:.*]] = stablehlo.reduce(%[[TANH]] init: {{.*}}) applies stablehlo.add
+// CHECK: %[[WIDE:.*]] = stablehlo.convert %[[SUM]] : (tensor<bf16>) -> tensor<f32>
+// CHECK-NEXT: stablehlo.constant
+// CHECK-NEXT: stablehlo.constant
+// CHECK-NEXT: stablehlo.reduce(%[[WIDE]] init: {{.*}}), (%[[WIDE]] init: {{.*}}) across dimensions = []
 // CHECK: %[[MUL:.*]] = stablehlo.multiply
-// CHECK-NOT: stablehlo.compare NE, %[[MUL]], %[[MUL]]
-// FP8 has no infinity: only the NaN check.
 // CHECK: %[[Q:.*]] = stablehlo.convert %[[MUL]]
-// CHECK-NEXT: %[[QNAN:.*]] = stablehlo.compare NE, %[[Q]], %[[Q]]
-// CHECK: stablehlo.reduce(%[[QNAN]] init: {{.*}}) applies stablehlo.or
-// CHECK: %[[LOOP:.*]]:2 = stablehlo.while
-// CHECK: stablehlo.compare NE, %[[LOOP]]#1, %[[LOOP]]#1
-// CHECK-NOT: stablehlo.abs %[[LOOP]]#1
-// Bits: region r at bit r of row 0 (NaN) and row 1 (infinity).
-// CHECK: stablehlo.shift_left
+// CHECK-NEXT: %[[QW:.*]] = stablehlo.convert %[[Q]] : (tensor<4x8xf8E4M3FN>) -> tensor<4x8xf32>
+// CHECK: stablehlo.reduce(%[[QW]] init: {{.*}}), (%[[QW]] init:
+// The rounding is made from an input by elementwise ops, which XLA computes
+// in the check's kernel: its reader (the loop) waits for the check too.
+// CHECK: stablehlo.compare LT
+// CHECK: %[[QHELD:.*]] = stablehlo.subtract %[[Q]]
+// CHECK: %[[LOOP:.*]]:2 = stablehlo.while({{.*}}, %{{.*}} = %[[QHELD]])
+// CHECK: stablehlo.convert %[[LOOP]]#1
+// Bits: the checks' extremes as one vector, compared there (NaN: x != x;
+// infinity: largest == inf or smallest == -inf), region r at bit r of row
+// 0 (NaN) and row 1 (infinity): the inputs are region 0, tanh 1, the
+// widening 2, the rounding 3, the loop 4.
+// CHECK: %[[LARGEST:.*]] = stablehlo.concatenate {{.*}} -> tensor<6xf32>
+// CHECK: %[[SMALLEST:.*]] = stablehlo.concatenate {{.*}} -> tensor<6xf32>
+// CHECK: %[[MASKS:.*]] = stablehlo.constant dense<{{\[\[}}1], [1], [2], [4], [8], [16]]> : tensor<6x1xi32>
+// CHECK: %[[NAN:.*]] = stablehlo.compare NE, %[[LARGEST]], %[[LARGEST]]
+// CHECK: stablehlo.compare EQ, %[[LARGEST]]
+// CHECK: stablehlo.compare EQ, %[[SMALLEST]]
 // CHECK: %[[BITS:.*]] = stablehlo.concatenate {{.*}}, dim = 0 : (tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<2x1xi32>
 // CHECK: return {{.*}}, %[[BITS]] :
 
