@@ -4,7 +4,6 @@
 #include "Contract.h"
 #include "StableHLO.h"
 
-#include "llvm/ADT/APFloat.h"
 #include "llvm/ADT/BitVector.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/SmallVectorExtras.h"
@@ -445,6 +444,22 @@ bool readsInputWhenFused(Value value, int depth = 0) {
   });
 }
 
+/// Whether `reader` waits for the check of a value it reads: a reader that
+/// may write its result over the value's buffer (an elementwise op, a
+/// loop's or conditional's carried value, an in-place update, the return),
+/// which otherwise makes XLA copy a donated input. The hold costs those
+/// nothing (XLA fuses the subtraction into them, or copies the value for
+/// them anyway); a GEMM or a reduction, which writes elsewhere, is not held:
+/// XLA would materialize `value - never` for it (+12 MiB of f32 parameters
+/// on the bench LM with an f32 policy).
+bool waitsForCheck(Operation *reader) {
+  return isa<func::ReturnOp>(reader) ||
+         shlo::isElementwiseOrBroadcast(reader) ||
+         shlo::isControlFlow(reader) ||
+         shlo::is(reader, "dynamic_update_slice") ||
+         shlo::is(reader, "scatter");
+}
+
 /// Whether any of `largest` (checks' largest elements, from 0) is below 0:
 /// never, but XLA cannot know. One vector per element type, so that it
 /// costs a kernel or two, not one per check.
@@ -468,15 +483,16 @@ Value anyBelowZero(OpBuilder &builder, Location loc,
 }
 
 /// Makes the readers of a checked value that reads a step's input
-/// (`readsInputWhenFused`; `uses`, the readers before the check) read it
-/// after its check, through `value - never`, where `never` is false but
-/// made from the check (`anyBelowZero`): exactly `value` (NaN, infinities
-/// and -0 included), which XLA cannot compute before the check. An input
-/// is donated, so the step writes its new value over it; a check that the
-/// writer does not wait for makes XLA copy the input first (every
-/// parameter and moment: +11% memory on an H100), or fuse the check with
-/// the write, which then cannot be in place. (An optimization barrier
-/// orders nothing here: XLA removes barriers before it places copies.)
+/// (`readsInputWhenFused`; `uses`, those of its readers before the check
+/// that `waitsForCheck`) read it after its check, through `value - never`,
+/// where `never` is false but made from the check (`anyBelowZero`):
+/// exactly `value` (NaN, infinities and -0 included), which XLA cannot
+/// compute before the check. An input is donated, so the step writes its
+/// new value over it; a check that the writer does not wait for makes XLA
+/// copy the input first (every parameter and moment: +11% memory on an
+/// H100), or fuse the check with the write, which then cannot be in place.
+/// (An optimization barrier orders nothing here: XLA removes barriers
+/// before it places copies.)
 void readAfterCheck(OpBuilder &builder, Location loc,
                     llvm::ArrayRef<OpOperand *> uses, Value never) {
   if (uses.empty())
@@ -602,8 +618,10 @@ Value mlir::amp::buildProvenanceBits(OpBuilder &builder, func::FuncOp main,
       else
         builder.setInsertionPointToStart(&body);
       Location loc = region.first ? region.first->getLoc() : main.getLoc();
-      auto uses = llvm::map_to_vector(value.getUses(),
-                                      [](OpOperand &use) { return &use; });
+      llvm::SmallVector<OpOperand *> uses;
+      for (OpOperand &use : value.getUses())
+        if (waitsForCheck(use.getOwner()))
+          uses.push_back(&use);
       checks.push_back(checkNonFinite(builder, loc, value, index));
       Value largest = checks.back().largest;
       if (isa<BlockArgument>(value))

@@ -511,8 +511,6 @@ class Transformed:
     call says so."""
     program = spec.program(avals)
     outputs, extra = program.call(leaves)
-    outputs = [o.astype(a.dtype) if o.dtype != a.dtype else o
-               for o, a in zip(outputs, spec.out_avals(avals))]
     return (jax.tree_util.tree_unflatten(out_tree, outputs),
             numerics.measurements(ts.appended_metrics(program, extra)))
 
