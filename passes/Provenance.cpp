@@ -444,20 +444,26 @@ bool readsInputWhenFused(Value value, int depth = 0) {
   });
 }
 
-/// Whether `reader` waits for the check of a value it reads: a reader that
-/// may write its result over the value's buffer (an elementwise op, a
-/// loop's or conditional's carried value, an in-place update, the return),
-/// which otherwise makes XLA copy a donated input. The hold costs those
-/// nothing (XLA fuses the subtraction into them, or copies the value for
-/// them anyway); a GEMM or a reduction, which writes elsewhere, is not held:
-/// XLA would materialize `value - never` for it (+12 MiB of f32 parameters
-/// on the bench LM with an f32 policy).
-bool waitsForCheck(Operation *reader) {
-  return isa<func::ReturnOp>(reader) ||
-         shlo::isElementwiseOrBroadcast(reader) ||
-         shlo::isControlFlow(reader) ||
-         shlo::is(reader, "dynamic_update_slice") ||
-         shlo::is(reader, "scatter");
+/// Whether `reader` of a step's input is part of what writes an output
+/// over an input's buffer: the return, or an op that may write its result
+/// over its operand's (an elementwise op, a loop's or conditional's
+/// carried value, an in-place update) whose value reaches the return
+/// through such ops. Only those readers of an input wait for its check:
+/// the others (a parameter's cast for the forward pass, a GEMM) would
+/// start later for nothing, and XLA would store `p - 0` for a GEMM (+12
+/// MiB of f32 parameters on the bench LM with an f32 policy).
+bool writesOutput(Operation *reader, int depth = 0) {
+  if (isa<func::ReturnOp>(reader))
+    return true;
+  bool mayWriteOver = shlo::isElementwiseOrBroadcast(reader) ||
+                      shlo::isControlFlow(reader) ||
+                      shlo::is(reader, "dynamic_update_slice") ||
+                      shlo::is(reader, "scatter");
+  if (depth > 8 || !mayWriteOver)
+    return false;
+  return llvm::any_of(reader->getUsers(), [&](Operation *user) {
+    return writesOutput(user, depth + 1);
+  });
 }
 
 /// Whether any of `largest` (checks' largest elements, from 0) is below 0:
@@ -483,16 +489,16 @@ Value anyBelowZero(OpBuilder &builder, Location loc,
 }
 
 /// Makes the readers of a checked value that reads a step's input
-/// (`readsInputWhenFused`; `uses`, those of its readers before the check
-/// that `waitsForCheck`) read it after its check, through `value - never`,
-/// where `never` is false but made from the check (`anyBelowZero`):
-/// exactly `value` (NaN, infinities and -0 included), which XLA cannot
-/// compute before the check. An input is donated, so the step writes its
-/// new value over it; a check that the writer does not wait for makes XLA
-/// copy the input first (every parameter and moment: +11% memory on an
-/// H100), or fuse the check with the write, which then cannot be in place.
-/// (An optimization barrier orders nothing here: XLA removes barriers
-/// before it places copies.)
+/// (`readsInputWhenFused`; `uses`: its readers before the check, or for an
+/// input those that `writesOutput`) read it after its check, through
+/// `value - never`, where `never` is false but made from the check
+/// (`anyBelowZero`): exactly `value` (NaN, infinities and -0 included),
+/// which XLA cannot compute before the check. An input is donated, so the
+/// step writes its new value over it; a check that the writer does not
+/// wait for makes XLA copy the input first (every parameter and moment:
+/// +11% memory on an H100), or fuse the check with the write, which then
+/// cannot be in place. (An optimization barrier orders nothing here: XLA
+/// removes barriers before it places copies.)
 void readAfterCheck(OpBuilder &builder, Location loc,
                     llvm::ArrayRef<OpOperand *> uses, Value never) {
   if (uses.empty())
@@ -619,12 +625,13 @@ Value mlir::amp::buildProvenanceBits(OpBuilder &builder, func::FuncOp main,
         builder.setInsertionPointToStart(&body);
       Location loc = region.first ? region.first->getLoc() : main.getLoc();
       llvm::SmallVector<OpOperand *> uses;
+      bool input = isa<BlockArgument>(value);
       for (OpOperand &use : value.getUses())
-        if (waitsForCheck(use.getOwner()))
+        if (!input || writesOutput(use.getOwner()))
           uses.push_back(&use);
       checks.push_back(checkNonFinite(builder, loc, value, index));
       Value largest = checks.back().largest;
-      if (isa<BlockArgument>(value))
+      if (input)
         inputs.push_back({uses, largest});
       else if (readsInputWhenFused(value))
         readAfterCheck(builder, loc, uses, anyBelowZero(builder, loc, largest));
