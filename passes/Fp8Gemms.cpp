@@ -20,12 +20,15 @@
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
 #include "llvm/ADT/StringExtras.h"
 
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <optional>
+#include <tuple>
 
 namespace mlir::amp {
 #define GEN_PASS_DEF_AMPFP8GEMMSPASS
@@ -57,6 +60,15 @@ struct GemmSizes {
     return std::to_string(m) + "x" + std::to_string(k) + "x" +
            std::to_string(n);
   }
+};
+
+/// A low-precision dot, and whether it becomes an FP8 GEMM: its operands'
+/// plans, or why not.
+struct GemmCandidate {
+  Operation *dot;
+  GemmSizes sizes;
+  llvm::SmallVector<OperandPlan, 2> plans;
+  std::optional<Ineligible> ineligible;
 };
 
 std::optional<Ineligible> ineligibility(Operation *dot, GemmSizes &gemm) {
@@ -135,24 +147,62 @@ Value asMatrix(OpBuilder &builder, Location loc, Value value,
   return shlo::buildReshape(builder, loc, value, {free, contraction});
 }
 
-/// Why `dot`, eligible, still stays out of FP8 under `scaling` and
-/// `minSize`: a contraction MXFP8 cannot block, or a GEMM too small for
-/// FP8 to pay.
-std::optional<Ineligible> unprofitable(Operation *dot, const GemmSizes &gemm,
-                                       Fp8Scaling scaling, int64_t minSize) {
+/// Why `dot`, eligible, cannot be an MXFP8 GEMM: a contraction MXFP8
+/// cannot block.
+std::optional<Ineligible> unblockable(const GemmSizes &gemm,
+                                      Fp8Scaling scaling) {
   if (scaling == Fp8Scaling::Mxfp8 && gemm.k % kMxBlock)
     return Ineligible{Fp8Ineligibility::ContractionNotMultipleOfBlock,
                       "contraction of " + std::to_string(gemm.k)};
-  // M*N/(M+N): both the time FP8 saves and its quantization's cost grow
-  // with K (Contract.h, Fp8Roofline).
-  int64_t effective = gemm.m * gemm.n / (gemm.m + gemm.n);
-  if (effective < minSize)
-    return Ineligible{Fp8Ineligibility::TooSmall,
-                      gemm.text() + " GEMM, M*N/(M+N) = " +
-                          std::to_string(effective) + " < " +
-                          std::to_string(minSize) +
-                          ": FP8 would be slower"};
   return std::nullopt;
+}
+
+/// Why `dot`, eligible, is too small for FP8 to pay under `minSize`;
+/// `shared[i]`: operand i is quantized for another FP8 GEMM anyway, so
+/// quantizing it costs this one nothing. The roofline (Contract.h,
+/// Fp8Roofline) compares M*N*K with K*(M + N): K cancels, and a shared
+/// operand leaves its term out of the sum (none left: FP8 is free).
+std::optional<Ineligible> unprofitable(const GemmSizes &gemm,
+                                       std::array<bool, 2> shared,
+                                       int64_t minSize) {
+  int64_t cost = (shared[0] ? 0 : gemm.m) + (shared[1] ? 0 : gemm.n);
+  if (cost == 0)
+    return std::nullopt;
+  int64_t effective = gemm.m * gemm.n / cost;
+  if (effective >= minSize)
+    return std::nullopt;
+  const char *formula = shared[0]   ? "M*N/N"
+                        : shared[1] ? "M*N/M"
+                                    : "M*N/(M+N)";
+  const char *why = shared[0]   ? " (its lhs is quantized for another FP8 GEMM)"
+                    : shared[1] ? " (its rhs is quantized for another FP8 GEMM)"
+                                : "";
+  return Ineligible{Fp8Ineligibility::TooSmall,
+                    gemm.text() + " GEMM, " + formula + " = " +
+                        std::to_string(effective) + " < " +
+                        std::to_string(minSize) + why +
+                        ": FP8 would be slower"};
+}
+
+/// The value `widened` scales for `operand`: the f32 value a rounding to
+/// the compute dtype came from (its copy past a barrier, if it has one),
+/// else the operand. GEMMs of one block reading the same source in the
+/// same FP8 format share its per-tensor quantization (`quantize`).
+Value quantizationSource(Value operand) {
+  Type f32 = Float32Type::get(operand.getContext());
+  if (shlo::getFloatElementType(operand.getType()) == f32)
+    return operand;
+  Operation *rounding = operand.getDefiningOp();
+  if (!rounding || !shlo::isConvert(rounding) ||
+      shlo::getFloatElementType(rounding->getOperand(0).getType()) != f32)
+    return operand;
+  for (Operation *user : operand.getUsers())
+    if (shlo::isOptimizationBarrier(user))
+      for (Operation *reader : user->getResult(0).getUsers())
+        if (shlo::isConvert(reader) &&
+            shlo::getFloatElementType(reader->getResult(0).getType()) == f32)
+          return reader->getResult(0);
+  return rounding->getOperand(0);
 }
 
 class Fp8GemmsPass final
@@ -175,6 +225,10 @@ private:
 
   OperandPlan planOperand(Value operand,
                           const llvm::DenseSet<Value> &gradients);
+  /// Which of `dots` become FP8 GEMMs, in the same order.
+  llvm::SmallVector<GemmCandidate>
+  decideFp8(llvm::ArrayRef<Operation *> dots,
+            const llvm::DenseSet<Value> &gradients);
   /// The f32 amax the scale comes from for `operand` of a dot in `main`
   /// (delayed: from a history appended to main; else current).
   Value referenceAmax(OpBuilder &builder, Location loc, Value currentAmax,
@@ -208,6 +262,11 @@ private:
                                            Type resultType);
   /// FP8 dots made so far, in program order (their survival markers).
   unsigned fp8DotCount = 0;
+  /// Per-tensor current quantizations made so far, by source, format and
+  /// block: GEMMs that read the same value in the same format share one
+  /// (a weight gradient reads its forward GEMM's FP8 activation), so the
+  /// program keeps one FP8 copy and amp-numerics measures it once.
+  llvm::DenseMap<std::tuple<Value, Type, Block *>, Quantized> quantizations;
 
   /// Adds the FP8 decision to `dot`'s report attribute; `marker` is the
   /// index of its survival marker (replaceWithFp8Dot).
@@ -282,6 +341,64 @@ OperandPlan Fp8GemmsPass::planOperand(Value operand,
   return plan;
 }
 
+/// Decided before any GEMM is rewritten: whether one pays depends on which
+/// of its operands other FP8 GEMMs quantize anyway. Per-tensor current
+/// scaling of the same value in the same format is one quantization, made
+/// once (`quantize`): a weight-gradient GEMM reads the activation its
+/// forward GEMM quantized and the gradient its input-gradient GEMM did.
+/// (Rowwise and MXFP8 scales run along each GEMM's own contraction, and
+/// delayed scaling keeps a history per GEMM: nothing is shared there.)
+llvm::SmallVector<GemmCandidate>
+Fp8GemmsPass::decideFp8(llvm::ArrayRef<Operation *> dots,
+                        const llvm::DenseSet<Value> &gradients) {
+  llvm::SmallVector<GemmCandidate> candidates;
+  for (Operation *dot : dots) {
+    GemmCandidate candidate{dot, {}, {}, std::nullopt};
+    candidate.ineligible = ineligibility(dot, candidate.sizes);
+    if (!candidate.ineligible)
+      candidate.ineligible = unblockable(candidate.sizes, scalingMode);
+    for (Value operand : dot->getOperands())
+      candidate.plans.push_back(planOperand(operand, gradients));
+    if (!candidate.ineligible && format == GemmDtype::F8 &&
+        isa<Float8E5M2Type>(candidate.plans[0].format) &&
+        isa<Float8E5M2Type>(candidate.plans[1].format))
+      // cuBLASLt multiplies e4m3 by e4m3 or e5m2, never e5m2 by e5m2 (an
+      // explicit gemm=f8e5m2 gets it anyway: XLA then runs it dequantized).
+      candidate.ineligible = Ineligible{Fp8Ineligibility::BothE5M2, ""};
+    candidates.push_back(std::move(candidate));
+  }
+  bool sharing = scalingMode == Fp8Scaling::Current;
+  llvm::DenseSet<std::tuple<Value, Type, Block *>> quantized;
+  auto key = [](const GemmCandidate &candidate, unsigned i) {
+    return std::make_tuple(quantizationSource(candidate.dot->getOperand(i)),
+                           Type(candidate.plans[i].format),
+                           candidate.dot->getBlock());
+  };
+  auto tooSmall = [&](const GemmCandidate &candidate) {
+    std::array<bool, 2> shared{false, false};
+    for (unsigned i = 0; sharing && i < 2; ++i)
+      shared[i] = quantized.contains(key(candidate, i));
+    return unprofitable(candidate.sizes, shared, minSize);
+  };
+  // Each GEMM that becomes FP8 can only make others cheaper: repeat until
+  // none changes.
+  llvm::SmallVector<bool> fp8(candidates.size(), false);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (auto [candidate, chosen] : llvm::zip_equal(candidates, fp8)) {
+      if (candidate.ineligible || chosen || tooSmall(candidate))
+        continue;
+      chosen = changed = true;
+      for (unsigned i = 0; i < 2; ++i)
+        quantized.insert(key(candidate, i));
+    }
+  }
+  for (auto [candidate, chosen] : llvm::zip_equal(candidates, fp8))
+    if (!candidate.ineligible && !chosen)
+      candidate.ineligible = tooSmall(candidate);
+  return candidates;
+}
+
 Value Fp8GemmsPass::referenceAmax(OpBuilder &builder, Location loc,
                                   Value currentAmax, func::FuncOp main,
                                   bool topLevel) {
@@ -341,6 +458,13 @@ Fp8GemmsPass::quantize(OpBuilder &builder, Operation *dot, unsigned index,
                  lhs ? dims.lhsContracting : dims.rhsContracting,
                  lhs ? dims.lhsBatch : dims.rhsBatch),
         1);
+  bool topLevel = dot->getParentOp() == main.getOperation();
+  bool shared = scalingMode == Fp8Scaling::Current;
+  std::tuple<Value, Type, Block *> key{quantizationSource(operand),
+                                       plan.format, dot->getBlock()};
+  if (shared)
+    if (auto found = quantizations.find(key); found != quantizations.end())
+      return found->second;
   auto type = cast<RankedTensorType>(operand.getType());
   auto f32Type = RankedTensorType::get(type.getShape(), f32);
   double fmax =
@@ -352,7 +476,6 @@ Fp8GemmsPass::quantize(OpBuilder &builder, Operation *dot, unsigned index,
   };
   Value amax = shlo::buildReduceAll(builder, loc, op("abs", {wide}),
                                     "maximum", 0.0);
-  bool topLevel = dot->getParentOp() == main.getOperation();
   Value reference = referenceAmax(builder, loc, amax, main, topLevel);
   // A floor keeps an all-zero tensor's scale finite and non-zero.
   Value scale = op("maximum", {op("divide", {reference, scalar(fmax)}),
@@ -362,7 +485,11 @@ Fp8GemmsPass::quantize(OpBuilder &builder, Operation *dot, unsigned index,
                                                                 f32Type)});
   Value clamped = shlo::buildClamp(builder, loc, scalar(-fmax), scaled,
                                    scalar(fmax));
-  return {shlo::buildConvert(builder, loc, clamped, plan.format), scale};
+  Quantized quantized{shlo::buildConvert(builder, loc, clamped, plan.format),
+                      scale};
+  if (shared)
+    quantizations[key] = quantized;
+  return quantized;
 }
 
 Fp8GemmsPass::Quantized Fp8GemmsPass::quantizeRows(
@@ -517,21 +644,10 @@ static Value dequantizeBlocks(OpBuilder &builder, Location loc, Value codes,
 /// run late (in the backward pass), reads the stored copy and the f32
 /// original dies young; any other value is widened.
 Value Fp8GemmsPass::widened(OpBuilder &builder, Location loc, Value operand) {
-  Type f32 = builder.getF32Type();
-  if (shlo::getFloatElementType(operand.getType()) == f32)
-    return operand;
-  Operation *rounding = operand.getDefiningOp();
-  if (rounding && shlo::isConvert(rounding) &&
-      shlo::getFloatElementType(rounding->getOperand(0).getType()) == f32) {
-    for (Operation *user : operand.getUsers())
-      if (shlo::isOptimizationBarrier(user))
-        for (Operation *reader : user->getResult(0).getUsers())
-          if (shlo::isConvert(reader) &&
-              shlo::getFloatElementType(reader->getResult(0).getType()) == f32)
-            return reader->getResult(0);
-    return rounding->getOperand(0);
-  }
-  return shlo::buildConvert(builder, loc, operand, f32);
+  Value source = quantizationSource(operand);
+  if (shlo::getFloatElementType(source.getType()) == builder.getF32Type())
+    return source;
+  return shlo::buildConvert(builder, loc, operand, builder.getF32Type());
 }
 
 /// `dot` on FP8 operands, accumulating in f32, times the scales, in the
@@ -759,6 +875,7 @@ void Fp8GemmsPass::runOnOperation() {
   }
   auto main = module.lookupSymbol<func::FuncOp>("main");
   fp8DotCount = 0;
+  quantizations.clear();
   bool partitioned = shlo::partitionCount(module) > 1;
   writeComposite = mxComposite && !partitioned;
   llvm::DenseSet<Value> gradients = backwardValues(module);
@@ -774,25 +891,13 @@ void Fp8GemmsPass::runOnOperation() {
     if (low(op->getOperand(0)) && low(op->getOperand(1)))
       dots.push_back(op);
   });
-  for (Operation *dot : dots) {
-    GemmSizes sizes;
-    std::optional<Ineligible> ineligible = ineligibility(dot, sizes);
-    if (!ineligible)
-      ineligible = unprofitable(dot, sizes, scalingMode, minSize);
-    if (ineligible) {
-      annotateIneligible(dot, *ineligible);
+  for (GemmCandidate &candidate : decideFp8(dots, gradients)) {
+    Operation *dot = candidate.dot;
+    if (candidate.ineligible) {
+      annotateIneligible(dot, *candidate.ineligible);
       continue;
     }
-    llvm::SmallVector<OperandPlan> plans;
-    for (Value operand : dot->getOperands())
-      plans.push_back(planOperand(operand, gradients));
-    if (format == GemmDtype::F8 && isa<Float8E5M2Type>(plans[0].format) &&
-        isa<Float8E5M2Type>(plans[1].format)) {
-      // cuBLASLt multiplies e4m3 by e4m3 or e5m2, never e5m2 by e5m2 (an
-      // explicit gemm=f8e5m2 gets it anyway: XLA then runs it dequantized).
-      annotateIneligible(dot, {Fp8Ineligibility::BothE5M2, ""});
-      continue;
-    }
+    llvm::SmallVector<OperandPlan, 2> &plans = candidate.plans;
     OpBuilder builder(dot);
     bool delayed = scalingMode == Fp8Scaling::Delayed && main &&
                    dot->getParentOp() == main.getOperation();

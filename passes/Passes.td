@@ -299,7 +299,11 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
     multiple of 32, and an effective size `M*N/(M+N)` of at least
     `min-size` (the entry points default it to the target's roofline:
     smaller GEMMs would be slower in FP8, their quantization costing more
-    than FP8 saves). With `report=true` each dot's decision gets a `gemm`
+    than FP8 saves). With per-tensor current scaling, an operand another
+    FP8 GEMM of the same block quantizes in the same format shares that
+    quantization and leaves the sum: `M*N/N` or `M*N/M`, and no limit when
+    both are shared (a weight gradient reads the FP8 activation of its
+    forward GEMM). With `report=true` each dot's decision gets a `gemm`
     entry: its operand formats and scaling, or why it is not eligible, with
     that reason's contract id as `gemm_reason` (`dimensions_unreadable`,
     `dynamic_shapes`, `batch_dimensions`, `size_not_multiple_of_16`,

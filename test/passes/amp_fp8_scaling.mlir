@@ -2,8 +2,9 @@
 // the non-contracting dimensions, broadcast over the result's rows and
 // columns), mxfp8 (E4M3 blocks of 32 along the contraction, power-of-two
 // E8M0 scales) as the xla.scaled_dot composite and as a dequantized dot, the
-// shape filter (min-size), a contraction MXFP8 cannot block, a partitioned
-// program (dequantized whatever mx-form says), and bad options.
+// shape filter (min-size) and the operands it counts as quantized already,
+// a contraction MXFP8 cannot block, a partitioned program (dequantized
+// whatever mx-form says), and bad options.
 //
 // RUN: rm -rf %t && split-file %s %t
 // RUN: amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8 scaling=rowwise})' | FileCheck %s --check-prefix=ROWWISE
@@ -11,6 +12,8 @@
 // RUN: amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8 scaling=mxfp8 mx-form=dequantize})' | FileCheck %s --check-prefix=MXDQ
 // RUN: amp-opt %t/f32.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 min-size=886 report=true})' | FileCheck %s --check-prefix=SMALL
 // RUN: amp-opt %t/f32.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 scaling=mxfp8 report=true})' | FileCheck %s --check-prefix=BLOCK48
+// RUN: amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 min-size=886 report=true})' | FileCheck %s --check-prefix=SHARED
+// RUN: amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 min-size=886 scaling=rowwise report=true})' | FileCheck %s --check-prefix=UNSHARED
 // RUN: amp-opt %t/sharded.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 scaling=mxfp8 mx-form=composite report=true})' | FileCheck %s --check-prefix=SHARDED
 // RUN: not amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{min-size=-1})' 2>&1 | FileCheck %s --check-prefix=BADSIZE
 // RUN: not amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{scaling=mxfp8 mx-form=cudnn})' 2>&1 | FileCheck %s --check-prefix=BADFORM
@@ -130,6 +133,36 @@ func.func public @bf16_result(%x: tensor<32x64xbf16>, %w: tensor<64x16xbf16>) ->
 func.func public @main(%x: tensor<32x48xf32>, %w: tensor<48x16xf32>) -> tensor<32x16xf32> {
   %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x48xf32>, tensor<48x16xf32>) -> tensor<32x16xf32>
   return %d : tensor<32x16xf32>
+}
+
+//--- shared.mlir
+
+// %x is quantized for the first GEMM, which pays on its own (2048x1024x4096,
+// M*N/(M+N) = 1365). The second GEMM contracts %x over its 2048 rows, as a
+// weight gradient does: with %x's FP8 copy made anyway, only %g costs
+// quantizing, and FP8 pays when %x's free size, 1024, is at least 886. The
+// fourth reads %y the same way, whose free size 512 is too small for what
+// quantizing %h costs. (With %g for %h both operands would be quantized
+// already, and FP8 would be free.)
+// The two share %x's quantization: one FP8 copy, one scale.
+// SHARED: %[[XQ:.*]] = stablehlo.convert %{{.*}} : (tensor<2048x1024xf32>) -> tensor<2048x1024xf8E4M3FN>
+// SHARED: stablehlo.dot_general %[[XQ]], {{.*}}gemm = "f8e4m3fn x f8e4m3fn, current scaling"{{.*}} -> tensor<2048x4096xf32>
+// SHARED-NOT: tensor<2048x1024xf8E4M3FN>
+// SHARED: stablehlo.dot_general %[[XQ]], %{{.*}}, contracting_dims = [0] x [0] {{.*}}gemm = "f8e4m3fn x f8e4m3fn, current scaling"{{.*}} -> tensor<1024x64xf32>
+// SHARED: stablehlo.dot_general {{.*}}gemm = "f8e4m3fn x f8e4m3fn, current scaling"{{.*}} -> tensor<2048x4096xf32>
+// SHARED: gemm_detail = "512x2048x64 GEMM, M*N/N = 512 < 886 (its lhs is quantized for another FP8 GEMM): FP8 would be slower", gemm_reason = "too_small"
+// Rowwise scales run along each GEMM's own contraction: nothing is shared.
+// UNSHARED: gemm = "f8e4m3fn x f8e4m3fn, rowwise scaling"{{.*}} -> tensor<2048x4096xf32>
+// UNSHARED: gemm_detail = "1024x2048x64 GEMM, M*N/(M+N) = 60 < 886: FP8 would be slower", gemm_reason = "too_small"
+// UNSHARED: gemm = "f8e4m3fn x f8e4m3fn, rowwise scaling"{{.*}} -> tensor<2048x4096xf32>
+// UNSHARED: gemm_detail = "512x2048x64 GEMM, M*N/(M+N) = 56 < 886: FP8 would be slower", gemm_reason = "too_small"
+
+func.func public @main(%x: tensor<2048x1024xf32>, %w: tensor<1024x4096xf32>, %y: tensor<2048x512xf32>, %v: tensor<512x4096xf32>, %g: tensor<2048x64xf32>, %h: tensor<2048x64xf32>) -> (tensor<2048x4096xf32>, tensor<1024x64xf32>, tensor<2048x4096xf32>, tensor<512x64xf32>) {
+  %a = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2048x1024xf32>, tensor<1024x4096xf32>) -> tensor<2048x4096xf32>
+  %b = stablehlo.dot_general %x, %g, contracting_dims = [0] x [0] : (tensor<2048x1024xf32>, tensor<2048x64xf32>) -> tensor<1024x64xf32>
+  %c = stablehlo.dot_general %y, %v, contracting_dims = [1] x [0] : (tensor<2048x512xf32>, tensor<512x4096xf32>) -> tensor<2048x4096xf32>
+  %d = stablehlo.dot_general %y, %h, contracting_dims = [0] x [0] : (tensor<2048x512xf32>, tensor<2048x64xf32>) -> tensor<512x64xf32>
+  return %a, %b, %c, %d : tensor<2048x4096xf32>, tensor<1024x64xf32>, tensor<2048x4096xf32>, tensor<512x64xf32>
 }
 
 //--- sharded.mlir

@@ -197,6 +197,27 @@ def test_the_shape_filter_keeps_small_gemms_out_of_fp8_and_says_why():
   assert len(report.fp8_gemms) == 2
 
 
+def test_backward_gemms_read_the_fp8_copies_the_forward_gemm_made():
+  # x @ w (2048x1024x2048, M*N/(M+N) = 1024) pays on its own. Its two
+  # backward GEMMs (M*N/(M+N) = 682 < 886 alone) each read an operand it
+  # quantizes anyway, x or w: quantizing the other, g, costs what a GEMM
+  # whose free size is 1024 earns back. Rowwise scales run along each
+  # GEMM's own contraction: nothing is shared, and the roofline keeps both
+  # out.
+  def loss(w, x):
+    return jnp.sum((x @ w) ** 2)
+
+  grad = jax.grad(loss, argnums=(0, 1))
+  args = (jnp.ones((1024, 2048)), jnp.ones((2048, 1024)))
+  report = amp.transform(grad, F8, target="gpu").lower(*args).report()
+  assert len(report.fp8_gemms) == 3, str(report)
+  assert "too small" not in str(report)
+  report = amp.transform(grad, F8, target="gpu",
+                         fp8_scaling="rowwise").lower(*args).report()
+  assert len(report.fp8_gemms) == 1, str(report)
+  assert "M*N/(M+N) = 682 < 886: FP8 would be slower: 2 ops" in str(report)
+
+
 def test_the_roofline_thresholds_come_from_the_contract():
   from stablehlo_amp._src import contract
   rooflines = {r["device"]: r for r in contract.document()["fp8_rooflines"]}
