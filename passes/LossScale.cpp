@@ -72,8 +72,8 @@ private:
   llvm::SmallVector<std::pair<Value, llvm::StringRef>>
   buildScaleUpdate(OpBuilder &builder, Location loc, const ScaleState &state,
                    Value finite);
-  void appendResults(TrainingStep &step, const ScaleState &state,
-                     Value finite, Value stateFinite);
+  LogicalResult appendResults(TrainingStep &step, const ScaleState &state,
+                              Value finite, Value stateFinite);
 };
 
 //===----------------------------------------------------------------------===//
@@ -395,8 +395,9 @@ LossScalePass::buildScaleUpdate(OpBuilder &builder, Location loc,
            attr::kLossScaleCounter}};
 }
 
-void LossScalePass::appendResults(TrainingStep &step, const ScaleState &state,
-                                  Value finite, Value stateFinite) {
+LogicalResult LossScalePass::appendResults(TrainingStep &step,
+                                           const ScaleState &state,
+                                           Value finite, Value stateFinite) {
   Operation *returnOp = step.main.front().getTerminator();
   OpBuilder builder(returnOp);
   Location loc = step.main.getLoc();
@@ -408,16 +409,19 @@ void LossScalePass::appendResults(TrainingStep &step, const ScaleState &state,
   for (llvm::StringRef role : lossScaleLayout(config.mode).results) {
     auto it = llvm::find_if(values, [&](auto &v) { return v.second == role; });
     assert(it != values.end() && "the layout names a result the pass builds");
-    step.main.insertResult(step.main.getNumResults(), it->first.getType(),
-                           builder.getDictionaryAttr({builder.getNamedAttr(
-                               role, builder.getUnitAttr())}));
+    if (failed(step.main.insertResult(
+            step.main.getNumResults(), it->first.getType(),
+            builder.getDictionaryAttr(
+                {builder.getNamedAttr(role, builder.getUnitAttr())}))))
+      return failure();
     operands.push_back(it->first);
   }
   if (stateFinite) {
-    step.main.insertResult(
-        step.main.getNumResults(), stateFinite.getType(),
-        builder.getDictionaryAttr(
-            {builder.getNamedAttr(attr::kStateFinite, builder.getUnitAttr())}));
+    if (failed(step.main.insertResult(
+            step.main.getNumResults(), stateFinite.getType(),
+            builder.getDictionaryAttr({builder.getNamedAttr(
+                attr::kStateFinite, builder.getUnitAttr())}))))
+      return failure();
     operands.push_back(stateFinite);
   }
   returnOp->setOperands(operands);
@@ -429,6 +433,7 @@ void LossScalePass::appendResults(TrainingStep &step, const ScaleState &state,
     step.main.removeResultAttr(i, StringAttr::get(context, attr::kGradient));
     step.main.removeResultAttr(i, StringAttr::get(context, attr::kStateOf));
   }
+  return success();
 }
 
 void LossScalePass::runOnOperation() {
@@ -457,7 +462,8 @@ void LossScalePass::runOnOperation() {
                                   {keep, stateFinite});
   }
   keepOldStateUnlessFinite(*step, keep);
-  appendResults(*step, *state, *finite, stateFinite);
+  if (failed(appendResults(*step, *state, *finite, stateFinite)))
+    return signalPassFailure();
 }
 
 } // namespace

@@ -597,8 +597,10 @@ Value mlir::amp::buildProvenanceBits(OpBuilder &builder, func::FuncOp main,
   // the inputs are all there at the start).
   llvm::SmallVector<std::pair<llvm::SmallVector<OpOperand *>, Value>> inputs;
   auto holdInputs = [&] {
-    if (inputs.empty())
+    if (llvm::all_of(inputs, [](auto &input) { return input.first.empty(); })) {
+      inputs.clear();
       return;
+    }
     Operation *last = inputs.front().second.getDefiningOp();
     for (auto &input : inputs)
       if (last->isBeforeInBlock(input.second.getDefiningOp()))
@@ -626,8 +628,10 @@ Value mlir::amp::buildProvenanceBits(OpBuilder &builder, func::FuncOp main,
       Location loc = region.first ? region.first->getLoc() : main.getLoc();
       llvm::SmallVector<OpOperand *> uses;
       bool input = isa<BlockArgument>(value);
+      // (A reader inside a loop or a conditional counts as that op.)
       for (OpOperand &use : value.getUses())
-        if (!input || writesOutput(use.getOwner()))
+        if (!input ||
+            writesOutput(body.findAncestorOpInBlock(*use.getOwner())))
           uses.push_back(&use);
       checks.push_back(checkNonFinite(builder, loc, value, index));
       Value largest = checks.back().largest;

@@ -12,8 +12,14 @@
 //   all its readers read it after its own check, the GEMM too (which
 //   stores the cast anyway). The update then waits for the cast's check
 //   through the GEMM.
+// - An input read inside a conditional whose result is returned: the
+//   conditional writes the output, so its readers inside wait too.
 //
-// RUN: amp-opt %s --pass-pipeline='builtin.module(amp-numerics{collect=provenance})' | FileCheck %s
+// RUN: rm -rf %t && split-file %s %t
+// RUN: amp-opt %t/plain.mlir --pass-pipeline='builtin.module(amp-numerics{collect=provenance})' | FileCheck %s
+// RUN: amp-opt %t/nested.mlir --pass-pipeline='builtin.module(amp-numerics{collect=provenance})' | FileCheck %s --check-prefix=NESTED
+
+//--- plain.mlir
 
 // CHECK-LABEL: func.func public @main
 // The inputs' checks, then the one flag they share.
@@ -47,3 +53,26 @@ func.func public @main(%p: tensor<8x8xf32>, %x: tensor<4x8xbf16>) -> tensor<8x8x
 #dense = loc("jit(step)/jvp(Model)/Dense_0/dot_general"("model.py":10:1))
 #grad = loc("jit(step)/transpose(jvp(Model))/Dense_0/dot_general"("model.py":10:1))
 #update = loc("jit(step)/sub"("optax/_src/update.py":40:1))
+
+//--- nested.mlir
+
+// NESTED-LABEL: func.func public @main
+// NESTED: %[[HELD:.*]] = stablehlo.subtract %arg0, %{{.*}} : tensor<8xf32>
+// NESTED: "stablehlo.if"
+// NESTED: stablehlo.multiply %[[HELD]], %[[HELD]] : tensor<8xf32>
+// NESTED: stablehlo.return %[[HELD]] : tensor<8xf32>
+
+func.func public @main(%p: tensor<8xf32>, %n: tensor<i32>) -> tensor<8xf32> {
+  %zero = stablehlo.constant dense<0> : tensor<i32>
+  %c = stablehlo.compare GT, %n, %zero : (tensor<i32>, tensor<i32>) -> tensor<i1> loc(#cond)
+  %r = "stablehlo.if"(%c) ({
+    %a = stablehlo.multiply %p, %p : tensor<8xf32> loc(#square)
+    stablehlo.return %a : tensor<8xf32>
+  }, {
+    stablehlo.return %p : tensor<8xf32>
+  }) : (tensor<i1>) -> tensor<8xf32> loc(#cond)
+  return %r : tensor<8xf32>
+}
+
+#cond = loc("jit(step)/cond"("train.py":5:1))
+#square = loc("jit(step)/cond/mul"("train.py":6:1))
