@@ -302,6 +302,8 @@ constexpr Fp8IneligibilityInfo kFp8Ineligibilities[] = {
     {Fp8Ineligibility::TooSmall, "too_small",
      "too small: quantizing its operands would cost more than FP8 saves "
      "(fp8_min_size)"},
+    {Fp8Ineligibility::Kept, "kept",
+     "kept in the compute dtype by keep_gemms (or fp8_fallback)"},
 };
 
 const Fp8IneligibilityInfo &infoOf(Fp8Ineligibility why) {
@@ -592,6 +594,7 @@ const EntryOption kEntryOptions[] = {
      "", /*statefulValue=*/"delayed"},
     {"fp8_min_size", "amp-fp8-gemms", "min-size", OptionKind::Int, false,
      false, false, nullptr, fp8MinSizeDefault, /*minimum=*/0},
+    {"keep_gemms", "amp-fp8-gemms", "keep-gemms", OptionKind::Ints},
     {"amax_history", "amp-fp8-gemms", "amax-history", OptionKind::Int,
      /*stateful=*/true, false, false, nullptr, nullptr, /*minimum=*/1},
     // bf16 parameters are rounded stochastically unless asked otherwise: the
@@ -722,6 +725,7 @@ llvm::json::Object passesJson() {
       {"scaling", option(fp8.scaling, kFp8ScalingNames)},
       {"amax-history", option(fp8.amaxHistory)},
       {"min-size", option(fp8.minSize)},
+      {"keep-gemms", option(llvm::json::Array())},
       {"mx-form", option(fp8.mxForm, kMxFormNames)},
       {"report", option(fp8.report)},
   };
@@ -859,6 +863,7 @@ llvm::json::Object decisionKeysJson() {
                             {"stored", decision_key::kStored},
                             {"gemm", decision_key::kGemm},
                             {"fp8", decision_key::kFp8},
+                            {"gemm_index", decision_key::kGemmIndex},
                             {"gemm_reason", decision_key::kGemmReason},
                             {"gemm_detail", decision_key::kGemmDetail},
                             {"gemm_stats", decision_key::kGemmStats},

@@ -125,6 +125,9 @@ inline constexpr llvm::StringLiteral kStored = "stored";
 inline constexpr llvm::StringLiteral kGemm = "gemm";
 /// Index of the FP8 dot's survival marker.
 inline constexpr llvm::StringLiteral kFp8 = "fp8";
+/// The dot's place among the module's low-precision dots, in program order
+/// (whether FP8 or not): what `keep-gemms` names.
+inline constexpr llvm::StringLiteral kGemmIndex = "gemm_index";
 inline constexpr llvm::StringLiteral kGemmReason =
     "gemm_reason"; ///< fp8IneligibilityId
 /// The dot's own detail of why it is not FP8 (its sizes), if any.
@@ -295,6 +298,7 @@ enum class Fp8Ineligibility {
   BothE5M2,
   ContractionNotMultipleOfBlock,
   TooSmall,
+  Kept,
 };
 llvm::StringRef fp8IneligibilityId(Fp8Ineligibility why);
 llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);

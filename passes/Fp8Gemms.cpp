@@ -279,6 +279,8 @@ private:
   /// Adds why `dot` stays in the compute dtype: the text, and the reason's
   /// contract id as `gemm_reason`.
   void annotateIneligible(Operation *dot, const Ineligible &ineligible);
+  /// Adds `dot`'s place among the low-precision dots (`keep-gemms`).
+  void annotateIndex(Operation *dot, int64_t index);
 };
 
 LogicalResult Fp8GemmsPass::initialize(MLIRContext *context) {
@@ -352,9 +354,12 @@ llvm::SmallVector<GemmCandidate>
 Fp8GemmsPass::decideFp8(llvm::ArrayRef<Operation *> dots,
                         const llvm::DenseSet<Value> &gradients) {
   llvm::SmallVector<GemmCandidate> candidates;
-  for (Operation *dot : dots) {
+  llvm::SmallDenseSet<int64_t> kept(keepGemms.begin(), keepGemms.end());
+  for (auto [index, dot] : llvm::enumerate(dots)) {
     GemmCandidate candidate{dot, {}, {}, std::nullopt};
     candidate.ineligible = ineligibility(dot, candidate.sizes);
+    if (!candidate.ineligible && kept.contains(index))
+      candidate.ineligible = Ineligible{Fp8Ineligibility::Kept, ""};
     if (!candidate.ineligible)
       candidate.ineligible = unblockable(candidate.sizes, scalingMode);
     for (Value operand : dot->getOperands())
@@ -857,10 +862,25 @@ void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text,
   dot->setAttr(attr::kDecision, fields.getDictionary(&getContext()));
 }
 
+void Fp8GemmsPass::annotateIndex(Operation *dot, int64_t index) {
+  if (!report)
+    return;
+  auto decision = dot->getAttrOfType<DictionaryAttr>(attr::kDecision);
+  if (!decision)
+    return;
+  NamedAttrList fields(decision);
+  fields.set(decision_key::kGemmIndex,
+             IntegerAttr::get(IntegerType::get(&getContext(), 64), index));
+  dot->setAttr(attr::kDecision, fields.getDictionary(&getContext()));
+}
+
 void Fp8GemmsPass::annotateIneligible(Operation *dot,
                                       const Ineligible &ineligible) {
+  // A GEMM the user (or fp8_fallback) kept was eligible.
   std::string text =
-      ("not eligible: " + fp8IneligibilityText(ineligible.why)).str();
+      ineligible.why == Fp8Ineligibility::Kept
+          ? fp8IneligibilityText(ineligible.why).str()
+          : ("not eligible: " + fp8IneligibilityText(ineligible.why)).str();
   if (!ineligible.detail.empty())
     text += " (" + ineligible.detail + ")";
   annotate(dot, text, std::nullopt, fp8IneligibilityId(ineligible.why),
@@ -891,8 +911,21 @@ void Fp8GemmsPass::runOnOperation() {
     if (low(op->getOperand(0)) && low(op->getOperand(1)))
       dots.push_back(op);
   });
-  for (GemmCandidate &candidate : decideFp8(dots, gradients)) {
+  for (int64_t index : keepGemms)
+    if (index < 0 || index >= static_cast<int64_t>(dots.size())) {
+      module.emitError() << "invalid option 'keep-gemms': no low-precision "
+                            "dot "
+                         << index << " (the module has " << dots.size()
+                         << (dots.size() ? ", numbered 0 to " +
+                                               std::to_string(dots.size() - 1)
+                                         : std::string())
+                         << "; the report's gemm_index)";
+      return signalPassFailure();
+    }
+  llvm::SmallVector<GemmCandidate> candidates = decideFp8(dots, gradients);
+  for (auto [index, candidate] : llvm::enumerate(candidates)) {
     Operation *dot = candidate.dot;
+    annotateIndex(dot, index);
     if (candidate.ineligible) {
       annotateIneligible(dot, *candidate.ineligible);
       continue;

@@ -307,7 +307,12 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
     entry: its operand formats and scaling, or why it is not eligible, with
     that reason's contract id as `gemm_reason` (`dimensions_unreadable`,
     `dynamic_shapes`, `batch_dimensions`, `size_not_multiple_of_16`,
-    `both_e5m2`, `contraction_not_multiple_of_32`, `too_small`).
+    `both_e5m2`, `contraction_not_multiple_of_32`, `too_small`, `kept`), and
+    its place among the module's low-precision dots in program order as
+    `gemm_index`. `keep-gemms` names dots by that place and keeps them in
+    the compute dtype (`kept`): the GEMMs whose statistics
+    (`amp-numerics{collect=stats}`) show that FP8 loses too much. The
+    places do not depend on which dots become FP8.
 
     Before (after `amp-insert-converts`):
     ```mlir
@@ -340,6 +345,9 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
            "The least effective size M*N/(M+N) of a GEMM put in FP8 "
            "(smaller ones would be slower); 0 puts every eligible GEMM in "
            "FP8">,
+    ListOption<"keepGemms", "keep-gemms", "int64_t",
+               "Low-precision dots (their `gemm_index` in the report: "
+               "program order) kept in the compute dtype">,
     Option<"mxForm", "mx-form", "std::string", "\"composite\"",
            "How an mxfp8 GEMM is written: composite (xla.scaled_dot; "
            "dequantized in a partitioned program) or dequantize "

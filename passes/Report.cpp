@@ -54,7 +54,7 @@ llvm::json::Object decisionJson(Operation *op, DictionaryAttr decision) {
       record[key] = string(key);
   for (llvm::StringRef key :
        {decision_key::kGroup, decision_key::kStored, decision_key::kFp8,
-        decision_key::kGemmStats})
+        decision_key::kGemmIndex, decision_key::kGemmStats})
     if (auto index = decision.getAs<IntegerAttr>(key))
       record[key] = index.getInt();
   if (auto formats = decision.getAs<ArrayAttr>(decision_key::kGemmStatsFormats)) {

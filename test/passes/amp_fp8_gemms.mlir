@@ -149,8 +149,8 @@ func.func public @not_eligible(%x: tensor<30x64xbf16>, %w: tensor<64x16xbf16>, %
 // With report=true each lowered dot's decision says what the FP8 lane did.
 
 // REPORT-LABEL: func.func public @main(
-// REPORT: stablehlo.dot_general {{.*}}amp.decision = {fp8 = 0 : i64, gemm = "f8e4m3fn x f8e4m3fn, current scaling", group = 0 : i64, precision = "low", reason = "matrix_multiply"}
-// REPORT: stablehlo.dot_general {{.*}}amp.decision = {gemm = "not eligible: a size is not a multiple of 16 (cuBLASLt's FP8 requirement) (shape 30x64 * 64x16)", gemm_detail = "shape 30x64 * 64x16", gemm_reason = "size_not_multiple_of_16", group = 1 : i64, precision = "low", reason = "matrix_multiply"}
+// REPORT: stablehlo.dot_general {{.*}}amp.decision = {fp8 = 0 : i64, gemm = "f8e4m3fn x f8e4m3fn, current scaling", gemm_index = 0 : i64, group = 0 : i64, precision = "low", reason = "matrix_multiply"}
+// REPORT: stablehlo.dot_general {{.*}}amp.decision = {gemm = "not eligible: a size is not a multiple of 16 (cuBLASLt's FP8 requirement) (shape 30x64 * 64x16)", gemm_detail = "shape 30x64 * 64x16", gemm_index = 1 : i64, gemm_reason = "size_not_multiple_of_16", group = 1 : i64, precision = "low", reason = "matrix_multiply"}
 func.func public @main(%x: tensor<32x64xf32>, %w: tensor<64x16xf32>, %y: tensor<30x64xf32>) -> (tensor<32x16xf32>, tensor<30x16xf32>) {
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x64xf32>, tensor<64x16xf32>) -> tensor<32x16xf32>
   %1 = stablehlo.dot_general %y, %w, contracting_dims = [1] x [0] : (tensor<30x64xf32>, tensor<64x16xf32>) -> tensor<30x16xf32>

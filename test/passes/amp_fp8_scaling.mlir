@@ -4,7 +4,8 @@
 // E8M0 scales) as the xla.scaled_dot composite and as a dequantized dot, the
 // shape filter (min-size) and the operands it counts as quantized already,
 // a contraction MXFP8 cannot block, a partitioned program (dequantized
-// whatever mx-form says), and bad options.
+// whatever mx-form says), GEMMs kept out of FP8 by place (keep-gemms), and
+// bad options.
 //
 // RUN: rm -rf %t && split-file %s %t
 // RUN: amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8 scaling=rowwise})' | FileCheck %s --check-prefix=ROWWISE
@@ -14,11 +15,14 @@
 // RUN: amp-opt %t/f32.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 scaling=mxfp8 report=true})' | FileCheck %s --check-prefix=BLOCK48
 // RUN: amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 min-size=886 report=true})' | FileCheck %s --check-prefix=SHARED
 // RUN: amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 min-size=886 scaling=rowwise report=true})' | FileCheck %s --check-prefix=UNSHARED
+// RUN: amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 min-size=886 keep-gemms=0 report=true})' | FileCheck %s --check-prefix=KEPT
+// RUN: not amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu},amp-fp8-gemms{gemm=f8 keep-gemms=4})' 2>&1 | FileCheck %s --check-prefix=BADKEEP
 // RUN: amp-opt %t/sharded.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 scaling=mxfp8 mx-form=composite report=true})' | FileCheck %s --check-prefix=SHARDED
 // RUN: not amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{min-size=-1})' 2>&1 | FileCheck %s --check-prefix=BADSIZE
 // RUN: not amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{scaling=mxfp8 mx-form=cudnn})' 2>&1 | FileCheck %s --check-prefix=BADFORM
 // RUN: not amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8e5m2 scaling=mxfp8})' 2>&1 | FileCheck %s --check-prefix=BADMX
 
+// BADKEEP: error: invalid option 'keep-gemms': no low-precision dot 4 (the module has 4, numbered 0 to 3; the report's gemm_index)
 // BADSIZE: error: invalid option 'min-size': must be at least 0, got -1
 // BADFORM: error: invalid option 'mx-form': unknown value 'cudnn' (accepted: composite, dequantize)
 // BADMX: error: invalid option 'scaling': mxfp8 stores E4M3 data; use gemm=f8 or gemm=f8e4m3fn with it
@@ -125,9 +129,9 @@ func.func public @bf16_result(%x: tensor<32x64xbf16>, %w: tensor<64x16xbf16>) ->
 
 // min-size=886 (the H100's roofline): this 32x48x16 GEMM, M*N/(M+N) = 10,
 // stays in bf16 and says why; mxfp8 cannot block a contraction of 48.
-// SMALL: stablehlo.dot_general {{.*}}gemm = "not eligible: too small: quantizing its operands would cost more than FP8 saves (fp8_min_size) (32x48x16 GEMM, M*N/(M+N) = 10 < 886: FP8 would be slower)", gemm_detail = "32x48x16 GEMM, M*N/(M+N) = 10 < 886: FP8 would be slower", gemm_reason = "too_small"
+// SMALL: stablehlo.dot_general {{.*}}gemm = "not eligible: too small: quantizing its operands would cost more than FP8 saves (fp8_min_size) (32x48x16 GEMM, M*N/(M+N) = 10 < 886: FP8 would be slower)", gemm_detail = "32x48x16 GEMM, M*N/(M+N) = 10 < 886: FP8 would be slower", gemm_index = 0 : i64, gemm_reason = "too_small"
 // SMALL-NOT: f8E4M3FN
-// BLOCK48: stablehlo.dot_general {{.*}}gemm = "not eligible: mxfp8 needs a contraction that is a multiple of its 32-element blocks (contraction of 48)", gemm_detail = "contraction of 48", gemm_reason = "contraction_not_multiple_of_32"
+// BLOCK48: stablehlo.dot_general {{.*}}gemm = "not eligible: mxfp8 needs a contraction that is a multiple of its 32-element blocks (contraction of 48)", gemm_detail = "contraction of 48", gemm_index = 0 : i64, gemm_reason = "contraction_not_multiple_of_32"
 // BLOCK48-NOT: composite
 
 func.func public @main(%x: tensor<32x48xf32>, %w: tensor<48x16xf32>) -> tensor<32x16xf32> {
@@ -150,12 +154,22 @@ func.func public @main(%x: tensor<32x48xf32>, %w: tensor<48x16xf32>) -> tensor<3
 // SHARED-NOT: tensor<2048x1024xf8E4M3FN>
 // SHARED: stablehlo.dot_general %[[XQ]], %{{.*}}, contracting_dims = [0] x [0] {{.*}}gemm = "f8e4m3fn x f8e4m3fn, current scaling"{{.*}} -> tensor<1024x64xf32>
 // SHARED: stablehlo.dot_general {{.*}}gemm = "f8e4m3fn x f8e4m3fn, current scaling"{{.*}} -> tensor<2048x4096xf32>
-// SHARED: gemm_detail = "512x2048x64 GEMM, M*N/N = 512 < 886 (its lhs is quantized for another FP8 GEMM): FP8 would be slower", gemm_reason = "too_small"
+// SHARED: gemm_detail = "512x2048x64 GEMM, M*N/N = 512 < 886 (its lhs is quantized for another FP8 GEMM): FP8 would be slower", gemm_index = 3 : i64, gemm_reason = "too_small"
 // Rowwise scales run along each GEMM's own contraction: nothing is shared.
 // UNSHARED: gemm = "f8e4m3fn x f8e4m3fn, rowwise scaling"{{.*}} -> tensor<2048x4096xf32>
-// UNSHARED: gemm_detail = "1024x2048x64 GEMM, M*N/(M+N) = 60 < 886: FP8 would be slower", gemm_reason = "too_small"
+// UNSHARED: gemm_detail = "1024x2048x64 GEMM, M*N/(M+N) = 60 < 886: FP8 would be slower", gemm_index = 1 : i64, gemm_reason = "too_small"
 // UNSHARED: gemm = "f8e4m3fn x f8e4m3fn, rowwise scaling"{{.*}} -> tensor<2048x4096xf32>
-// UNSHARED: gemm_detail = "512x2048x64 GEMM, M*N/(M+N) = 56 < 886: FP8 would be slower", gemm_reason = "too_small"
+// UNSHARED: gemm_detail = "512x2048x64 GEMM, M*N/(M+N) = 56 < 886: FP8 would be slower", gemm_index = 3 : i64, gemm_reason = "too_small"
+
+// keep-gemms=0 keeps the first GEMM (gemm_index 0) in bf16: no FP8 copy
+// of %x is made for it, so the second GEMM, which shared that copy, now
+// pays for quantizing %x as well, and is too small. The places stay those
+// of the dots in program order, FP8 or not.
+// KEPT: stablehlo.dot_general {{.*}}gemm = "kept in the compute dtype by keep_gemms (or fp8_fallback)", gemm_index = 0 : i64, gemm_reason = "kept"{{.*}} : (tensor<2048x1024xbf16>, tensor<1024x4096xbf16>) -> tensor<2048x4096xf32>
+// KEPT-NOT: tensor<2048x1024xf8E4M3FN>
+// KEPT: stablehlo.dot_general {{.*}}gemm_detail = "1024x2048x64 GEMM, M*N/(M+N) = 60 < 886: FP8 would be slower", gemm_index = 1 : i64, gemm_reason = "too_small"
+// KEPT: stablehlo.dot_general {{.*}}gemm = "f8e4m3fn x f8e4m3fn, current scaling", gemm_index = 2 : i64{{.*}} -> tensor<2048x4096xf32>
+// KEPT: stablehlo.dot_general {{.*}}gemm_index = 3 : i64, gemm_reason = "too_small"
 
 func.func public @main(%x: tensor<2048x1024xf32>, %w: tensor<1024x4096xf32>, %y: tensor<2048x512xf32>, %v: tensor<512x4096xf32>, %g: tensor<2048x64xf32>, %h: tensor<2048x64xf32>) -> (tensor<2048x4096xf32>, tensor<1024x64xf32>, tensor<2048x4096xf32>, tensor<512x64xf32>) {
   %a = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2048x1024xf32>, tensor<1024x4096xf32>) -> tensor<2048x4096xf32>

@@ -58,6 +58,8 @@ def _example_value(name: str):
     return spec["choices"][-1]
   if kind == "op_names":
     return ["tanh"]
+  if kind == "ints":
+    return [0]
   assert kind == "bool", kind
   return True
 

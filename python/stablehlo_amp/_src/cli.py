@@ -125,8 +125,19 @@ def _add_option_flags(parser: argparse.ArgumentParser) -> None:
       parser.add_argument(flag, action="store_true", help=help_text)
     elif kind == "int":
       parser.add_argument(flag, type=int, help=help_text)
+    elif kind == "ints":
+      parser.add_argument(flag, type=_int_list, metavar="N,...",
+                          help=help_text + "; comma-separated")
     else:
       raise AssertionError(f"no flag for option {name} of kind {kind}")
+
+
+def _int_list(text: str) -> list[int]:
+  try:
+    return [int(part) for part in text.split(",") if part.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f"expected comma-separated integers, got {text!r}") from None
 
 
 def _on_off(value: Any) -> str:

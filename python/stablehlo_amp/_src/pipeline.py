@@ -9,6 +9,7 @@ import textwrap
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
+import numpy as np
 from jax.extend.mlir import ir
 
 from stablehlo_amp import _amp
@@ -34,6 +35,12 @@ class InvalidIRError(AmpError):
 
 class RewriteError(AmpError):
   """A pass rejected the module (bad option or unsupported input)."""
+
+
+class OptionError(RewriteError):
+  """An option does not fit the module (``keep_gemms`` names a GEMM it does
+  not have): the caller's mistake, raised wherever the rewrite runs, never
+  worked around by running the original program."""
 
 
 class VerificationError(AmpError):
@@ -202,6 +209,11 @@ class RewriteOptions:
       raise ValueError(
           f"fp8_scaling='mxfp8' stores E4M3 data and policy {policy} asks "
           "for e5m2 operands: use gemm=f8 or gemm=f8e4m3fn with it")
+    if self.keep_gemms and policy.gemm == contract.values("gemm").compute:
+      raise ValueError(
+          f"keep_gemms keeps FP8 GEMMs in the compute dtype, and policy "
+          f"{policy} has none: add gemm=f8 (for example "
+          "p=f32,c=bf16,o=f32,gemm=f8)")
     compute = dtype_name(policy.compute_dtype)
     named = contract.values("reduce_dtype")
     if reduce not in (named.f32, named.compute, compute):
@@ -260,7 +272,14 @@ def _checked(name: str, spec: Mapping[str, Any], value: Any,
                        f"{spec['minimum']}, got {value!r}")
     return value
   if kind == "ints":
-    values = tuple(int(v) for v in (value or ()))
+    if isinstance(value, int) and not isinstance(value, bool):
+      value = (value,)
+    if not isinstance(value, (tuple, list)) or any(
+        isinstance(v, bool) or not isinstance(v, (int, np.integer))
+        for v in value):
+      raise ValueError(f"{name} must be a sequence of integers, got "
+                       f"{value!r}")
+    values = tuple(int(v) for v in value)
     if any(v < spec["minimum"] for v in values):
       raise ValueError(f"{name} must be integers of at least "
                        f"{spec['minimum']}, got {values}")
@@ -502,7 +521,9 @@ def _run_passes(generic: str, pipeline: str, *, source_name: str,
       generic, pipeline, source_name, report)
   diagnostics = [_format_pass_diagnostic(d, source_name) for d in diagnostics]
   if not ok:
-    raise RewriteError("\n".join(diagnostics) or
+    error = (OptionError if any("error: invalid option '" in d
+                                for d in diagnostics) else RewriteError)
+    raise error("\n".join(diagnostics) or
                        f"{source_name}: error: the pipeline failed",
                        diagnostics)
   return output, report_json, diagnostics

@@ -94,7 +94,7 @@ class _Spec:
       return self._programs[key]
     try:
       program = self._build(avals)
-    except pl.VerificationError:
+    except (pl.VerificationError, pl.OptionError):
       raise
     except pl.RewriteError as error:
       if not self.derived:
@@ -492,7 +492,7 @@ class Transformed:
     avals = [jax_compat.aval_of(x) for x in leaves]
     try:
       spec.program(avals)
-    except pl.VerificationError:
+    except (pl.VerificationError, pl.OptionError):
       raise
     except pl.RewriteError as error:
       warn_running_original(spec.name, error, stacklevel=4)
