@@ -12,7 +12,8 @@ from stablehlo_amp._src.pipeline import (AmpError, InvalidIRError,
                                          RewriteError, RewriteOptions,
                                          RewriteResult, VerificationError,
                                          rewrite, rewrite_module)
-from stablehlo_amp._src.numerics import GemmStats, NonFinite, explain
+from stablehlo_amp._src.numerics import (Fp8Fallback, Fp8FallbackEvent,
+                                         GemmStats, NonFinite, explain)
 from stablehlo_amp._src.policy import Policy
 from stablehlo_amp._src.report import OpDecision, Report
 from stablehlo_amp._src.program import Lowered, Timings
@@ -24,6 +25,8 @@ from stablehlo_amp._src.transform import Transformed, transform
 __all__ = [
     "AmpError",
     "DynamicLossScale",
+    "Fp8Fallback",
+    "Fp8FallbackEvent",
     "GemmStats",
     "NoOpLossScale",
     "NonFinite",

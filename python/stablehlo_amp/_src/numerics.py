@@ -219,9 +219,12 @@ class OperandStats:
 
   @property
   def gemm_name(self) -> str:
-    """``"backward GEMM 3"``: the GEMM's phase and row."""
+    """``"backward GEMM 3"``: the GEMM's phase and place among the
+    program's low-precision GEMMs (what ``keep_gemms=`` takes)."""
     phase = f"{self.gemm.phase} " if self.gemm.phase else ""
-    return f"{phase}GEMM {self.gemm.stats_index}"
+    place = (self.gemm.gemm_index if self.gemm.gemm_index is not None
+             else self.gemm.stats_index)
+    return f"{phase}GEMM {place}"
 
   @property
   def where(self) -> str:
@@ -307,6 +310,104 @@ def explain(metrics: Mapping[str, Any] | GemmStats | NonFinite,
     lines.append("Nothing measured of the numerics: build the step with "
                  "numerics='provenance' or numerics='stats'.")
   return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Fallback:
+  """``train_step(..., fp8_fallback=Fp8Fallback())``: move an FP8 GEMM to
+  the compute dtype once its measured statistics say FP8 loses too much,
+  as Transformer Engine's AutoswitchGemm does.
+
+  Every `check_every` steps the step reads the statistics of those steps
+  (``numerics="stats"``, merged): a GEMM with an operand rounded to FP8 of
+  whose nonzero values more than `underflow` went to zero, or more than
+  `saturation` saturated, is kept in the compute dtype from the next step
+  on (``keep_gemms``). The step is compiled again each time the set grows,
+  never per step, and a GEMM does not go back to FP8. The report lists
+  each move with the figures it was taken from."""
+  underflow: float = 0.05
+  saturation: float = 0.01
+  check_every: int = 1
+
+  def __post_init__(self):
+    for name in ("underflow", "saturation"):
+      value = getattr(self, name)
+      if (isinstance(value, bool) or not isinstance(value, (int, float)) or
+          not 0 <= value < 1):
+        raise ValueError(f"Fp8Fallback({name}=...) is the fraction of an "
+                         "operand's nonzero values above which its GEMM "
+                         f"leaves FP8: 0 <= {name} < 1, got {value!r}")
+    every = self.check_every
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+      raise ValueError("Fp8Fallback(check_every=...) is a number of steps, "
+                       f"at least 1, got {every!r}")
+
+  def exceeded(self, row: "OperandStats") -> bool:
+    """Whether `row`, an operand rounded to FP8, lost too much."""
+    return (row.underflow_fraction > self.underflow or
+            row.saturation_fraction > self.saturation)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8FallbackEvent:
+  """One GEMM `fp8_fallback` moved to the compute dtype: after which step,
+  and the operand statistics that moved it."""
+  step: int
+  gemm_index: int
+  operand: OperandStats
+  fallback: Fp8Fallback
+
+  def __str__(self) -> str:
+    row = self.operand
+    measured = (f"{_percent(row.underflow_fraction)} of its nonzero values "
+                f"underflow (limit {_percent(self.fallback.underflow)})"
+                if row.underflow_fraction > self.fallback.underflow else
+                f"{_percent(row.saturation_fraction)} saturate (limit "
+                f"{_percent(self.fallback.saturation)})")
+    return (f"{row.gemm_name} at {row.where}: after step "
+            f"{self.step}, its {row.operand} -> {row.format}: {measured}")
+
+
+class Fp8FallbackWatch:
+  """What `fp8_fallback` has measured so far, and what it moved."""
+
+  def __init__(self, fallback: Fp8Fallback):
+    self.fallback = fallback
+    self.events: list[Fp8FallbackEvent] = []
+    self._window: GemmStats | None = None
+    self._steps = 0
+
+  @property
+  def kept(self) -> tuple[int, ...]:
+    return tuple(sorted(e.gemm_index for e in self.events))
+
+  def observe(self, stats: GemmStats, report: Report) -> bool:
+    """Adds one step's statistics; every `check_every` steps, moves the
+    GEMMs that lost too much. True when the set grew (the step must be
+    built again)."""
+    if any(isinstance(x, jax.core.Tracer) for x in stats):
+      raise TypeError("fp8_fallback decides between steps, from the "
+                      "statistics they returned: call the training step "
+                      "outside jax.jit")
+    self._window = stats if self._window is None else \
+        self._window.merge(stats)
+    self._steps += 1
+    if self._steps % self.fallback.check_every:
+      return False
+    rows = operand_stats(self._window, report)
+    self._window = None
+    kept = set(self.kept)
+    grew = False
+    for row in rows:  # worst first: an event names the worst operand
+      index = row.gemm.gemm_index
+      if (index is None or index in kept or not row.format.startswith("f8")
+          or not self.fallback.exceeded(row)):
+        continue
+      kept.add(index)
+      self.events.append(Fp8FallbackEvent(self._steps, index, row,
+                                          self.fallback))
+      grew = True
+    return grew
 
 
 def _explain_stats(stats: GemmStats, report: Report, top: int) -> list[str]:

@@ -859,8 +859,9 @@ class Lowered:
   """A rewritten function lowered for one signature, before compilation."""
 
   def __init__(self, jax_lowered: Any, program: Program | None,
-               calibration: Any = None):
+               calibration: Any = None, fp8_fallbacks: tuple[str, ...] = ()):
     self._jax_lowered = jax_lowered
+    self._fp8_fallbacks = fp8_fallbacks  # what fp8_fallback moved, if set
     # The program the lowering inlined (for a partitioned one, maybe the
     # partitioned rewrite).
     self._program = program.as_lowered() if program is not None else None
@@ -881,6 +882,8 @@ class Lowered:
     if self._program is None:
       return None
     report = self._program.result.report
+    if self._fp8_fallbacks and report is not None:
+      report = dataclasses.replace(report, fp8_fallbacks=self._fp8_fallbacks)
     if self._compiled is not None and report is not None:
       memory = self._compiled.memory_analysis()
       if memory is not None:

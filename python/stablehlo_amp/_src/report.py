@@ -123,6 +123,9 @@ class OpDecision(Located):
   # FP8 dot) in the program XLA compiles: see `Report.with_compiled`.
   stored_index: int | None = None
   fp8_index: int | None = None
+  # A low-precision GEMM's place among the program's low-precision GEMMs,
+  # in program order, FP8 or not: what ``keep_gemms=`` names.
+  gemm_index: int | None = None
   # numerics="stats": the GEMM's row in the step's statistics, and per
   # operand the format it is rounded to there ("" where it is not).
   stats_index: int | None = None
@@ -220,6 +223,9 @@ class Report:
   collectives: tuple["Collective", ...] = ()
   # numerics="provenance": the step's regions, in bit order.
   regions: tuple[Region, ...] = ()
+  # fp8_fallback: the GEMMs a training step moved to the compute dtype
+  # from their measured statistics, one line each.
+  fp8_fallbacks: tuple[str, ...] = ()
 
   @classmethod
   def from_json(cls, text: str, *, policy: str, level: str,
@@ -234,6 +240,7 @@ class Report:
                    gemm_reason_id=d.get(k.gemm_reason, ""),
                    gemm_detail=d.get(k.gemm_detail, ""),
                    stored_index=d.get(k.stored), fp8_index=d.get(k.fp8),
+                   gemm_index=d.get(k.gemm_index),
                    stats_index=d.get(k.gemm_stats),
                    stats_formats=tuple(d.get(k.gemm_stats_formats, ())))
         for d in data[_KEY.ops])
@@ -375,11 +382,37 @@ class Report:
         "bytes_after": dict(self.bytes_after),
         "memory": dict(self.memory) if self.memory else None,
         "collectives": [dataclasses.asdict(c) for c in self.collectives],
+        "fp8_fallbacks": list(self.fp8_fallbacks),
         "decisions": [{"op": d.op, "precision": d.precision,
                        "reason": d.reason_id, "where": d.where,
                        "scope": d.scope, "phase": d.phase}
                       for d in self.decisions],
     }
+
+  def _fp8_lines(self, compute: str) -> list[str]:
+    """The summary's lines on FP8 GEMMs: which, why not, what moved."""
+    lines = []
+    fp8 = self.fp8_gemms
+    if fp8:
+      formats = collections.Counter(d.gemm for d in fp8)
+      lines.append(f"  FP8 GEMMs: {_ops(len(fp8))} (" + ", ".join(
+          f"{text}: {n}" for text, n in formats.most_common()) + ")")
+    ineligible = collections.Counter(
+        d.gemm_reason_id for d in self.decisions if d.gemm_reason_id)
+    for reason_id, n in ineligible.most_common():
+      text = contract.fp8_reason_text(reason_id)
+      lines.append(f"  kept in {compute}, not FP8: {text}: {_ops(n)}")
+      # Each GEMM's own detail (its sizes).
+      details = collections.Counter(
+          d.gemm_detail for d in self.decisions
+          if d.gemm_reason_id == reason_id and d.gemm_detail)
+      lines += [f"    {detail}: {_ops(count)}"
+                for detail, count in details.most_common()]
+    if self.fp8_fallbacks:
+      lines.append(f"  moved to {compute} by fp8_fallback, from measured "
+                   "statistics (the step was compiled again):")
+      lines += [f"    {line}" for line in self.fp8_fallbacks]
+    return lines
 
   def __str__(self) -> str:
     def names(counter: collections.Counter) -> str:
@@ -422,22 +455,7 @@ class Report:
     if stored:
       lines.append(f"  f32 results stored in {compute}: "
                    f"{_ops(sum(stored.values()))} ({names(stored)})")
-    fp8 = self.fp8_gemms
-    if fp8:
-      formats = collections.Counter(d.gemm for d in fp8)
-      lines.append(f"  FP8 GEMMs: {_ops(len(fp8))} (" + ", ".join(
-          f"{text}: {n}" for text, n in formats.most_common()) + ")")
-    ineligible = collections.Counter(
-        d.gemm_reason_id for d in self.decisions if d.gemm_reason_id)
-    for reason_id, n in ineligible.most_common():
-      text = contract.fp8_reason_text(reason_id)
-      lines.append(f"  kept in {compute}, not FP8: {text}: {_ops(n)}")
-      # Each GEMM's own detail (its sizes).
-      details = collections.Counter(
-          d.gemm_detail for d in self.decisions
-          if d.gemm_reason_id == reason_id and d.gemm_detail)
-      lines += [f"    {detail}: {_ops(count)}"
-                for detail, count in details.most_common()]
+    lines += self._fp8_lines(compute)
     unchanged = self.unchanged
     if unchanged:
       lines.append(f"  left as they are (no f32 values, or already low "

@@ -433,6 +433,51 @@ def _check_step_options(policy: Policy, options: pl.RewriteOptions,
         f"update), got {name!r}" + _optimizer_hint(optimizer))
 
 
+def _outer_jit(step: "TrainStep") -> OuterJit:
+  """The jit a TrainStep's calls go through: a function of its own each
+  time, so that a step built again (with GEMMs fp8_fallback moved) is
+  traced again, not found in jit's cache."""
+  def traced(state, batch, shardings):
+    return step._traced(state, batch, shardings)
+  # The third argument, static: the shardings of the state's leaves, which
+  # the new state keeps (see train_state.state_shardings).
+  return OuterJit(traced, step._options,
+                  donate_argnums=(0,) if step.donate else (),
+                  static_argnums=(2,))
+
+
+def _fp8_fallback_watch(fallback: Any, policy: Policy | str,
+                        options: dict[str, Any]) -> tuple:
+  """What watches the statistics for `fp8_fallback=` (None without it),
+  and the options with the statistics it needs; the errors of a value
+  that is not an `Fp8Fallback`, no FP8 GEMMs to move, statistics it cannot
+  have, or state that would change shape."""
+  if fallback is None:
+    return None, options
+  if not isinstance(fallback, numerics.Fp8Fallback):
+    raise TypeError("fp8_fallback must be amp.Fp8Fallback(underflow=..., "
+                    "saturation=..., check_every=...), got "
+                    f"{type(fallback).__name__}")
+  policy = as_policy(policy)
+  if policy.gemm == contract.values("gemm").compute:
+    raise ValueError(f"fp8_fallback moves FP8 GEMMs to the compute dtype, "
+                     f"and policy {policy} has none: add gemm=f8 (for "
+                     "example p=f32,c=bf16,o=f32,gemm=f8)")
+  given = options.get("numerics")
+  if given is not None and given != contract.values("numerics").stats:
+    raise ValueError(f"fp8_fallback decides from the GEMMs' statistics "
+                     f"(numerics='stats'), and numerics={given!r} asks for "
+                     "something else: a step measures one of them")
+  if options.get("fp8_scaling") == contract.values("fp8_scaling").delayed:
+    raise ValueError("fp8_fallback cannot move GEMMs with "
+                     "fp8_scaling='delayed': each FP8 GEMM's amax history "
+                     "is state, which would change shape; use 'current' "
+                     "(the default) or 'rowwise'")
+  if given is None:
+    options = {**options, "numerics": contract.values("numerics").stats}
+  return numerics.Fp8FallbackWatch(fallback), options
+
+
 def _loss_with_model_state(loss_fn: Callable, has_aux: bool, model_state: Any,
                            batch: Any) -> Callable:
   """``params -> (loss, (new_model_state, aux))`` for a loss that takes and
@@ -544,7 +589,10 @@ class TrainStep(_LossScaledProgram):
                policy: Policy | str, loss_scale: LossScale | None,
                donate: bool, has_aux: bool,
                keep_f32_state: Callable[[Any, Any], bool] | None = None,
+               fp8_fallback: numerics.Fp8Fallback | None = None,
                **options):
+    self._fp8_watch, options = _fp8_fallback_watch(fp8_fallback, policy,
+                                                   options)
     super().__init__(loss_fn, policy, options)
     _check_flag("donate", donate)
     _check_flag("has_aux", has_aux)
@@ -563,11 +611,13 @@ class TrainStep(_LossScaledProgram):
     self._signature = _signature(steps[False])
     self._inner = {with_state: jax.jit(_traced_as(loss_fn, step))
                    for with_state, step in steps.items()}
-    # The third argument, static: the shardings of the state's leaves,
-    # which the new state keeps (see train_state.state_shardings).
-    self._outer = OuterJit(self._traced, self._options,
-                           donate_argnums=(0,) if donate else (),
-                           static_argnums=(2,))
+    self._outer = _outer_jit(self)
+
+  @property
+  def fp8_fallbacks(self) -> tuple[numerics.Fp8FallbackEvent, ...]:
+    """The GEMMs `fp8_fallback` moved to the compute dtype so far, each
+    with the step after which it moved and the statistics that moved it."""
+    return tuple(self._fp8_watch.events) if self._fp8_watch else ()
 
   def init(self, params: Any, model_state: Any = None, *,
            rounding_seed: int = 0) -> TrainState:
@@ -586,13 +636,22 @@ class TrainStep(_LossScaledProgram):
 
   def __call__(self, state: TrainState, batch: Any):
     self.layout.check(state)
-    return self._outer(state, batch, ts.state_shardings(state))
+    key = self._program_key(state, batch)
+    state, metrics = self._outer(state, batch, ts.state_shardings(state))
+    if self._fp8_watch is not None and self._fp8_watch.observe(
+        metrics["gemm_stats"], self._programs[key].as_lowered().result.report):
+      # GEMMs left FP8: the next call builds and compiles the step again.
+      self._options = self._options.replace(keep_gemms=tuple(sorted(
+          set(self._options.keep_gemms) | set(self._fp8_watch.kept))))
+      self._programs, self._outer = {}, _outer_jit(self)
+    return state, metrics
 
   def lower(self, state: TrainState, batch: Any) -> Lowered:
     self.layout.check(state)
     jax_lowered = self._outer.lower(state, batch, ts.state_shardings(state))
     return Lowered(jax_lowered,
-                   self._programs.get(self._program_key(state, batch)))
+                   self._programs.get(self._program_key(state, batch)),
+                   fp8_fallbacks=tuple(map(str, self.fp8_fallbacks)))
 
   def _program_key(self, state: TrainState, batch: Any) -> Any:
     # The amax histories appear after the first step; the program is the
@@ -672,6 +731,7 @@ def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
                loss_scale: LossScale | None = None, donate: bool = False,
                has_aux: bool = False,
                keep_f32_state: Callable[[Any, Any], bool] | None = None,
+               fp8_fallback: numerics.Fp8Fallback | None = None,
                **options) -> TrainStep:
   """One compiled mixed-precision training step with loss scaling inside.
 
@@ -704,6 +764,11 @@ def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
   carried in ``state.amax_history`` (made by the first step, which
   therefore compiles a second time; an overflowed step leaves them as they
   were); the default ``"current"`` scales by this step's amax.
+  ``fp8_fallback=amp.Fp8Fallback()`` measures the GEMMs (``numerics=
+  "stats"``) and moves one whose FP8 operand underflows or saturates too
+  much to the compute dtype from the next step on, compiling the step again
+  when that set grows (``step.fp8_fallbacks`` and the report list each move
+  and its figures); ``keep_gemms=`` names such GEMMs by hand.
 
   The rewrite options, by keyword (those of `amp.transform`, and the ones
   that configure the state a step carries):
@@ -718,7 +783,7 @@ OPTIONS
   (['grads_finite', 'loss', 'loss_scale', 'skipped_steps'], 0)
   """
   return TrainStep(loss_fn, optimizer, policy, loss_scale, donate, has_aux,
-                   keep_f32_state, **options)
+                   keep_f32_state, fp8_fallback, **options)
 
 
 class PrecisionHandler:
