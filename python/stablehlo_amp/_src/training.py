@@ -636,9 +636,11 @@ class TrainStep(_LossScaledProgram):
 
   def __call__(self, state: TrainState, batch: Any):
     self.layout.check(state)
+    if self._fp8_watch is None:
+      return self._outer(state, batch, ts.state_shardings(state))
     key = self._program_key(state, batch)
     state, metrics = self._outer(state, batch, ts.state_shardings(state))
-    if self._fp8_watch is not None and self._fp8_watch.observe(
+    if self._fp8_watch.observe(
         metrics["gemm_stats"], self._programs[key].as_lowered().result.report):
       # GEMMs left FP8: the next call builds and compiles the step again.
       self._options = self._options.replace(keep_gemms=tuple(sorted(
