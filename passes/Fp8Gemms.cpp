@@ -268,19 +268,19 @@ private:
   /// program keeps one FP8 copy and amp-numerics measures it once.
   llvm::DenseMap<std::tuple<Value, Type, Block *>, Quantized> quantizations;
 
-  /// Adds the FP8 decision to `dot`'s report attribute; `marker` is the
-  /// index of its survival marker (replaceWithFp8Dot).
+  /// Adds the FP8 decision to `dot`'s report attribute: `gemmIndex` is its
+  /// place among the low-precision dots (what keep-gemms names), `marker`
+  /// the index of its survival marker (replaceWithFp8Dot).
   /// `gemmReason` is the contract id of why it is not FP8, if it is not,
   /// and `gemmDetail` this dot's detail of it.
-  void annotate(Operation *dot, llvm::StringRef text,
+  void annotate(Operation *dot, int64_t gemmIndex, llvm::StringRef text,
                 std::optional<int64_t> marker = std::nullopt,
                 llvm::StringRef gemmReason = {},
                 llvm::StringRef gemmDetail = {});
   /// Adds why `dot` stays in the compute dtype: the text, and the reason's
   /// contract id as `gemm_reason`.
-  void annotateIneligible(Operation *dot, const Ineligible &ineligible);
-  /// Adds `dot`'s place among the low-precision dots (`keep-gemms`).
-  void annotateIndex(Operation *dot, int64_t index);
+  void annotateIneligible(Operation *dot, int64_t gemmIndex,
+                          const Ineligible &ineligible);
 };
 
 LogicalResult Fp8GemmsPass::initialize(MLIRContext *context) {
@@ -839,7 +839,8 @@ Fp8GemmsPass::scaledDotDecomposition(Operation *dot, TypeRange operandTypes,
   return FlatSymbolRefAttr::get(function.getSymNameAttr());
 }
 
-void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text,
+void Fp8GemmsPass::annotate(Operation *dot, int64_t gemmIndex,
+                            llvm::StringRef text,
                             std::optional<int64_t> marker,
                             llvm::StringRef gemmReason,
                             llvm::StringRef gemmDetail) {
@@ -850,6 +851,8 @@ void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text,
     return;
   NamedAttrList fields(decision);
   fields.set(decision_key::kGemm, StringAttr::get(&getContext(), text));
+  fields.set(decision_key::kGemmIndex,
+             IntegerAttr::get(IntegerType::get(&getContext(), 64), gemmIndex));
   if (marker)
     fields.set(decision_key::kFp8,
                IntegerAttr::get(IntegerType::get(&getContext(), 64), *marker));
@@ -862,19 +865,7 @@ void Fp8GemmsPass::annotate(Operation *dot, llvm::StringRef text,
   dot->setAttr(attr::kDecision, fields.getDictionary(&getContext()));
 }
 
-void Fp8GemmsPass::annotateIndex(Operation *dot, int64_t index) {
-  if (!report)
-    return;
-  auto decision = dot->getAttrOfType<DictionaryAttr>(attr::kDecision);
-  if (!decision)
-    return;
-  NamedAttrList fields(decision);
-  fields.set(decision_key::kGemmIndex,
-             IntegerAttr::get(IntegerType::get(&getContext(), 64), index));
-  dot->setAttr(attr::kDecision, fields.getDictionary(&getContext()));
-}
-
-void Fp8GemmsPass::annotateIneligible(Operation *dot,
+void Fp8GemmsPass::annotateIneligible(Operation *dot, int64_t gemmIndex,
                                       const Ineligible &ineligible) {
   // A GEMM the user (or fp8_fallback) kept was eligible.
   std::string text =
@@ -883,7 +874,8 @@ void Fp8GemmsPass::annotateIneligible(Operation *dot,
           : ("not eligible: " + fp8IneligibilityText(ineligible.why)).str();
   if (!ineligible.detail.empty())
     text += " (" + ineligible.detail + ")";
-  annotate(dot, text, std::nullopt, fp8IneligibilityId(ineligible.why),
+  annotate(dot, gemmIndex, text, std::nullopt,
+           fp8IneligibilityId(ineligible.why),
            ineligible.detail);
 }
 
@@ -925,9 +917,8 @@ void Fp8GemmsPass::runOnOperation() {
   llvm::SmallVector<GemmCandidate> candidates = decideFp8(dots, gradients);
   for (auto [index, candidate] : llvm::enumerate(candidates)) {
     Operation *dot = candidate.dot;
-    annotateIndex(dot, index);
     if (candidate.ineligible) {
-      annotateIneligible(dot, *candidate.ineligible);
+      annotateIneligible(dot, index, *candidate.ineligible);
       continue;
     }
     llvm::SmallVector<OperandPlan, 2> &plans = candidate.plans;
@@ -944,7 +935,7 @@ void Fp8GemmsPass::runOnOperation() {
       separator = " x ";
     }
     if (scalingMode == Fp8Scaling::Mxfp8) {
-      annotate(dot,
+      annotate(dot, index,
                formats + ", mxfp8 (blocks of 32, E8M0 scales" +
                    (writeComposite ? ", xla.scaled_dot)"
                     : mxComposite
@@ -955,7 +946,7 @@ void Fp8GemmsPass::runOnOperation() {
       replaceWithBlockScaledDot(builder, dot, operands[0], operands[1]);
       continue;
     }
-    annotate(dot,
+    annotate(dot, index,
              formats + (delayed ? ", delayed scaling"
                         : scalingMode == Fp8Scaling::Rowwise
                             ? ", rowwise scaling"
