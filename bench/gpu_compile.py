@@ -52,6 +52,9 @@ The variants:
   ours-bf16-reduce-bf16-dot-bf16  the same with dot_result="compute": every
                       GEMM writes bf16, forward ones too
   ours-bf16-gemm-f8-reduce-bf16   gemm=f8 with reduce_dtype="bf16"
+  ours-bf16-gemm-f8-reduce-bf16-dot-bf16  the same with dot_result="compute"
+  ours-bf16-gemm-f8-reduce-bf16-dot-bf16-no-remat  the same with
+                      rematerialize=False: the fewest interconnect bytes
   jmp-style           parameters cast to bf16 inside the loss by hand,
                       f32 master parameters and Adam state (jmp's recipe)
   all-bf16            parameters, Adam state and compute in bf16
@@ -147,7 +150,10 @@ VARIANTS = ("f32", "ours-bf16", "ours-f16", "ours-bf16-gemm-f8",
             "ours-bf16-params-bf16-kahan-moments-bf16",
             "ours-bf16-params-bf16-stochastic-moments-f8",
             "ours-bf16-reduce-bf16", "ours-bf16-reduce-bf16-dot-bf16",
-            "ours-bf16-gemm-f8-reduce-bf16", "jmp-style", "all-bf16")
+            "ours-bf16-gemm-f8-reduce-bf16",
+            "ours-bf16-gemm-f8-reduce-bf16-dot-bf16",
+            "ours-bf16-gemm-f8-reduce-bf16-dot-bf16-no-remat", "jmp-style",
+            "all-bf16")
 # --smoke: f32 (the baseline), ours with both kinds of decisions XLA must
 # keep (stored values, FP8 GEMMs), and a hand-cast step; `make
 # test-survival` compiles every variant (unsharded).
@@ -199,6 +205,14 @@ OURS = {
                                "dot_result": "compute"}),
     "ours-bf16-gemm-f8-reduce-bf16": ("p=f32,c=bf16,o=f32,gemm=f8",
                                       {"reduce_dtype": "bf16"}),
+    # Every option that lowers interconnect bytes at once.
+    "ours-bf16-gemm-f8-reduce-bf16-dot-bf16": (
+        "p=f32,c=bf16,o=f32,gemm=f8", {"reduce_dtype": "bf16",
+                                       "dot_result": "compute"}),
+    "ours-bf16-gemm-f8-reduce-bf16-dot-bf16-no-remat": (
+        "p=f32,c=bf16,o=f32,gemm=f8", {"reduce_dtype": "bf16",
+                                       "dot_result": "compute",
+                                       "rematerialize": False}),
 }
 _CPU_F16 = ("XLA:CPU expands optimization barriers before fusion and, having "
             "no f16 kernels, fuses the f16 rounding into the f32 readers: no "
@@ -206,11 +220,13 @@ _CPU_F16 = ("XLA:CPU expands optimization barriers before fusion and, having "
             "against 1.03x with storage=f32)")
 # Decisions a backend is known not to keep, with the reason; any other loss
 # fails the run.
+_CPU_DOT_BF16 = ("dot_result='compute' on XLA:CPU, which has no GEMM that "
+                 "writes bf16: it runs the dots upcast and fuses the stored "
+                 "values' rounding into their f32 readers")
 KNOWN_LOSSES = {
-    ("cpu", "ours-bf16-reduce-bf16-dot-bf16"):
-        "dot_result='compute' on XLA:CPU, which has no GEMM that writes "
-        "bf16: it runs the dots upcast and fuses the stored values' "
-        "rounding into their f32 readers",
+    ("cpu", "ours-bf16-reduce-bf16-dot-bf16"): _CPU_DOT_BF16,
+    ("cpu", "ours-bf16-gemm-f8-reduce-bf16-dot-bf16"): _CPU_DOT_BF16,
+    ("cpu", "ours-bf16-gemm-f8-reduce-bf16-dot-bf16-no-remat"): _CPU_DOT_BF16,
     ("cpu", "ours-f16"): _CPU_F16,
     ("cpu", "ours-f16-numerics-provenance"): _CPU_F16,
 }
