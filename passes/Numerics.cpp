@@ -255,6 +255,32 @@ OperandStats NumericsPass::measureUnrounded(OpBuilder &builder, Location loc,
   return stats;
 }
 
+/// Makes `gemm`'s result depend on `counts` (never negative) through
+/// `result - min(counts..., 0)`, which is exactly the result (-0 too). So
+/// XLA measures an operand before its first GEMM runs, not last, when
+/// nothing else waits for the measurements: measured last, a parameter is
+/// still read after the optimizer would write its new value in place, and
+/// XLA copies it (on the H100 LM with gemm=f8: 16 MiB more and 13 more
+/// kernels than with the order kept).
+void measureBefore(OpBuilder &builder, llvm::ArrayRef<Value> counts,
+                   Operation *gemm) {
+  if (counts.empty())
+    return;
+  Location loc = gemm->getLoc();
+  Value result = gemm->getResult(0);
+  auto type = cast<RankedTensorType>(result.getType());
+  builder.setInsertionPointAfter(gemm);
+  Value least = shlo::buildScalar(builder, loc, builder.getI32Type(), 0);
+  for (Value count : counts)
+    least = shlo::buildElementwise(builder, loc, "minimum", {count, least});
+  Value zero = shlo::buildBroadcastScalar(
+      builder, loc, shlo::buildConvert(builder, loc, least,
+                                       type.getElementType()),
+      type);
+  Value same = shlo::buildElementwise(builder, loc, "subtract", {result, zero});
+  result.replaceAllUsesExcept(same, same.getDefiningOp());
+}
+
 /// Measures the low-precision GEMMs of `block` in program order, and
 /// those of the loops in it (accumulated over their iterations, carried
 /// out as more results of each loop): appends two operands' statistics per
@@ -271,6 +297,7 @@ void NumericsPass::measureBlock(Block &block,
     if (!isLowPrecisionGemm(&op))
       continue;
     llvm::SmallVector<Attribute, 2> formats;
+    llvm::SmallVector<Value, 2> fresh;
     for (unsigned index = 0; index < 2; ++index) {
       Value operand = op.getOperand(index);
       std::optional<Rounding> rounding = roundingOf(operand);
@@ -288,11 +315,13 @@ void NumericsPass::measureBlock(Block &block,
             rounding ? measure(builder, op.getLoc(), *rounding)
                      : measureUnrounded(builder, op.getLoc(), operand);
         found = measured.try_emplace(key, stats).first;
+        fresh.push_back(stats.counts.front());
       }
       out.push_back(found->second);
       formats.push_back(StringAttr::get(
           context, rounding ? shlo::floatTypeName(rounding->format) : ""));
     }
+    measureBefore(builder, fresh, &op);
     if (auto decision = op.getAttrOfType<DictionaryAttr>(attr::kDecision)) {
       NamedAttrList fields(decision);
       fields.set(decision_key::kGemmStats,

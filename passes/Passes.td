@@ -717,8 +717,13 @@ def AmpNumericsPass : Pass<"amp-numerics", "::mlir::ModuleOp"> {
     measured.
 
     The reductions read the rounding's input next to the rounding, so XLA
-    can fuse them into the kernel that writes the rounded value. It runs
-    after amp-fp8-gemms, which makes the FP8 roundings it measures.
+    can fuse them into the kernel that writes the rounded value. The first
+    GEMM that reads a measured operand has its result replaced by
+    `result - min(counts, 0)`, exactly the result (-0 too), so that XLA
+    measures before that GEMM runs rather than at the end of the step
+    (where it would read a parameter after its in-place update, and copy
+    it). It runs after amp-fp8-gemms, which makes the FP8 roundings it
+    measures.
 
     With `collect=provenance`, the pass splits the body of `main` into
     regions: ops with the same name JAX gives them, less the primitive (their

@@ -50,7 +50,18 @@
 // BF16-NEXT: stablehlo.maximum
 // BF16-COUNT-3: stablehlo.add
 // BF16: %[[XB:.*]] = stablehlo.convert %arg0 : (tensor<4x8xf32>) -> tensor<4x8xbf16>
-// BF16: stablehlo.dot_general %[[XB]], %arg1
+// BF16: %[[G1:.*]] = stablehlo.dot_general %[[XB]], %arg1
+// Its result waits for the measurements of both its operands: it is
+// `g1 - min(count %w, count %x, 0)`, exactly g1, so XLA cannot put them
+// off to the end of the step. The next GEMM's operand is that value.
+// BF16-NEXT: %[[NIL:.*]] = stablehlo.constant dense<0> : tensor<i32>
+// BF16-NEXT: %[[LEAST1:.*]] = stablehlo.minimum %{{.*}}#1, %[[NIL]] : tensor<i32>
+// BF16-NEXT: %[[LEAST:.*]] = stablehlo.minimum %{{.*}}#1, %[[LEAST1]] : tensor<i32>
+// BF16-NEXT: %[[ZERO:.*]] = stablehlo.convert %[[LEAST]] : (tensor<i32>) -> tensor<f32>
+// BF16-NEXT: %[[ZEROS:.*]] = stablehlo.broadcast_in_dim %[[ZERO]], dims = [] : (tensor<f32>) -> tensor<4x8xf32>
+// BF16-NEXT: %[[H:.*]] = stablehlo.subtract %[[G1]], %[[ZEROS]] : tensor<4x8xf32>
+// BF16-NEXT: stablehlo.abs %[[H]]
+// BF16: stablehlo.convert %[[H]] : (tensor<4x8xf32>) -> tensor<4x8xbf16>
 // BF16: %[[AMAX:.*]] = stablehlo.concatenate {{.*}} : (tensor<1xf32>, tensor<1xf32>, tensor<1xf32>, tensor<1xf32>, tensor<1xf32>, tensor<1xf32>) -> tensor<6xf32>
 // BF16: stablehlo.reshape %[[AMAX]] : (tensor<6xf32>) -> tensor<3x2xf32>
 // BF16: stablehlo.concatenate {{.*}} -> tensor<18xi32>
