@@ -743,8 +743,13 @@ def AmpNumericsPass : Pass<"amp-numerics", "::mlir::ModuleOp"> {
     `amp.nonfinite_regions` and in the report: each one's first op's
     location, its primitives, the narrowest float type it hands on, and the
     regions it reads. The first region to go non-finite is then the earliest
-    whose bits are set while those of every region it reads are clear. Run
-    it last but the loss scaling, so that it checks the values the step
+    whose bits are set while those of every region it reads are clear.
+    Readers wait for checks where XLA could otherwise check too late: the
+    readers of a value XLA may compute from a donated input (it would copy
+    the input), and the first elementwise reader of any other value of 64
+    MiB or more (XLA would keep the value alive for a check it put off to
+    the end), through an identity that XLA cannot compute before the
+    check. Run it last but the loss scaling, so that it checks the values the step
     computes (amp-rematerialize's recomputations included).
 
     With `collect=none` the pass changes nothing.

@@ -14,10 +14,14 @@
 //   through the GEMM.
 // - An input read inside a conditional whose result is returned: the
 //   conditional writes the output, so its readers inside wait too.
+// - Any other value of at least 64 MiB: its first elementwise reader waits
+//   for its check, through `select(all(x == x or x != x), x, -x)`, the
+//   third result of the check's reduction; smaller values are not held.
 //
 // RUN: rm -rf %t && split-file %s %t
 // RUN: amp-opt %t/plain.mlir --pass-pipeline='builtin.module(amp-numerics{collect=provenance})' | FileCheck %s
 // RUN: amp-opt %t/nested.mlir --pass-pipeline='builtin.module(amp-numerics{collect=provenance})' | FileCheck %s --check-prefix=NESTED
+// RUN: amp-opt %t/large.mlir --pass-pipeline='builtin.module(amp-numerics{collect=provenance})' | FileCheck %s --check-prefix=LARGE
 
 //--- plain.mlir
 
@@ -76,3 +80,30 @@ func.func public @main(%p: tensor<8xf32>, %n: tensor<i32>) -> tensor<8xf32> {
 
 #cond = loc("jit(step)/cond"("train.py":5:1))
 #square = loc("jit(step)/cond/mul"("train.py":6:1))
+
+//--- large.mlir
+
+// LARGE-LABEL: func.func public @main
+// LARGE: %[[BIG:.*]] = stablehlo.dot_general {{.*}} -> tensor<4096x4096xf32>
+// LARGE: %[[BOTH:.*]] = stablehlo.or
+// LARGE: %[[BIGCHECK:.*]]:3 = stablehlo.reduce(%[[BIG]] init: {{.*}}), (%[[BIG]] init: {{.*}}), (%[[BOTH]] init: {{.*}}) across dimensions = [0, 1]
+// LARGE: %[[ALL:.*]] = stablehlo.broadcast_in_dim %[[BIGCHECK]]#2, dims = [] : (tensor<i1>) -> tensor<4096x4096xi1>
+// LARGE-NEXT: %[[NEG:.*]] = stablehlo.negate %[[BIG]]
+// LARGE-NEXT: %[[HELD:.*]] = stablehlo.select %[[ALL]], %[[BIG]], %[[NEG]]
+// LARGE: %[[SMALL:.*]] = stablehlo.dot_general {{.*}} -> tensor<2048x4096xf32>
+// LARGE: stablehlo.reduce(%[[SMALL]] init: {{.*}}), (%[[SMALL]] init: {{.*}}) across dimensions = [0, 1]
+// LARGE-NOT: stablehlo.select
+// LARGE: stablehlo.exponential %[[HELD]]
+// LARGE-NOT: stablehlo.select
+// LARGE: stablehlo.exponential %[[SMALL]]
+
+func.func public @main(%x: tensor<4096x8xf32>, %y: tensor<8x4096xf32>, %z: tensor<2048x8xf32>) -> (tensor<4096x4096xf32>, tensor<2048x4096xf32>) {
+  %big = stablehlo.dot_general %x, %y, contracting_dims = [1] x [0] : (tensor<4096x8xf32>, tensor<8x4096xf32>) -> tensor<4096x4096xf32> loc(#dense)
+  %small = stablehlo.dot_general %z, %y, contracting_dims = [1] x [0] : (tensor<2048x8xf32>, tensor<8x4096xf32>) -> tensor<2048x4096xf32> loc(#dense)
+  %e = stablehlo.exponential %big : tensor<4096x4096xf32> loc(#act)
+  %f = stablehlo.exponential %small : tensor<2048x4096xf32> loc(#act)
+  return %e, %f : tensor<4096x4096xf32>, tensor<2048x4096xf32>
+}
+
+#dense = loc("jit(step)/jvp(Model)/Dense_0/dot_general"("model.py":10:1))
+#act = loc("jit(step)/jvp(Model)/exp"("model.py":11:1))

@@ -250,6 +250,39 @@ def test_transform_returns_the_bits_beside_its_outputs():
     jax.grad(lambda p: fast(p, _batch())[0])(params)
 
 
+def _scores_loss(x, y):
+  with jax.named_scope("scores"):
+    scores = x @ y  # 4096 x 4096 f32: 64 MiB
+  with jax.named_scope("act"):
+    return jnp.sum(jnp.tanh(scores))
+
+
+def test_a_large_value_is_read_after_its_check():
+  """A value of 64 MiB or more is read by its first elementwise reader
+  after its check, `select(all(v == v or v != v), v, -v)`, so XLA cannot
+  keep it for a check it puts off; what the program computes is the same,
+  and the bits still name the region that made an infinity there."""
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((4096, 8), np.float32)
+  y = rng.standard_normal((8, 4096), np.float32)
+  policy = POLICIES["f32"]
+  fast = amp.transform(_scores_loss, policy, numerics="provenance")
+  text = fast.lower(x, y).as_text()
+  held = re.search(r"(%\S+) = stablehlo.negate (%\S+) : tensor<4096x4096xf32>",
+                   text)
+  assert held, "the scores are not read after their check"
+  assert re.search(rf"stablehlo.select %\S+, {held[2]}, {held[1]} :", text)
+  plain = amp.transform(_scores_loss, policy)
+  loss, measured = fast(x, y)
+  assert float(loss) == float(plain(x, y))
+  report = fast.lower(x, y).report()
+  assert measured["nonfinite"].first(report) is None
+  x[5], y[:, 7] = 1e30, 1e30  # finite inputs whose product overflows
+  _, measured = fast(x, y)
+  region, what = measured["nonfinite"].first(report)
+  assert (region.scope, what) == ("scores", "infinity"), (region, what)
+
+
 def test_value_and_grad_returns_the_bits_as_a_fourth_element():
   vg = amp.value_and_grad(transformer_loss, POLICIES["f16"],
                           numerics="provenance")
