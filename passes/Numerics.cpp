@@ -268,16 +268,11 @@ void measureBefore(OpBuilder &builder, llvm::ArrayRef<Value> counts,
     return;
   Location loc = gemm->getLoc();
   Value result = gemm->getResult(0);
-  auto type = cast<RankedTensorType>(result.getType());
   builder.setInsertionPointAfter(gemm);
   Value least = shlo::buildScalar(builder, loc, builder.getI32Type(), 0);
   for (Value count : counts)
     least = shlo::buildElementwise(builder, loc, "minimum", {count, least});
-  Value zero = shlo::buildBroadcastScalar(
-      builder, loc, shlo::buildConvert(builder, loc, least,
-                                       type.getElementType()),
-      type);
-  Value same = shlo::buildElementwise(builder, loc, "subtract", {result, zero});
+  Value same = shlo::buildAfter(builder, loc, result, least);
   result.replaceAllUsesExcept(same, same.getDefiningOp());
 }
 

@@ -749,8 +749,8 @@ def AmpNumericsPass : Pass<"amp-numerics", "::mlir::ModuleOp"> {
     the input), and the first elementwise reader of any other value of 64
     MiB or more (XLA would keep the value alive for a check it put off to
     the end), through an identity that XLA cannot compute before the
-    check. Run it last but the loss scaling, so that it checks the values the step
-    computes (amp-rematerialize's recomputations included).
+    check. Run it last but the loss scaling, so that it checks the values
+    the step computes (amp-rematerialize's recomputations included).
 
     With `collect=none` the pass changes nothing.
   }];

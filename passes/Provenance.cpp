@@ -429,19 +429,21 @@ Check checkNonFinite(OpBuilder &builder, Location loc, Value value,
   auto element = cast<FloatType>(getElementTypeOrSelf(value.getType()));
   if (element.getWidth() < 32)
     value = shlo::buildConvert(builder, loc, value, builder.getF32Type());
-  if (!withAlways) {
-    llvm::SmallVector<Value> extremes = shlo::buildReduceAllTogether(
-        builder, loc, {value, value}, {"maximum", "minimum"}, {0.0, 0.0});
-    return {extremes[0], extremes[1], region, Value()};
+  llvm::SmallVector<Value> values{value, value};
+  llvm::SmallVector<llvm::StringRef> combiners{"maximum", "minimum"};
+  llvm::SmallVector<double> inits{0.0, 0.0};
+  if (withAlways) {
+    values.push_back(shlo::buildElementwise(
+        builder, loc, "or",
+        {shlo::buildCompare(builder, loc, value, value, "EQ"),
+         shlo::buildCompare(builder, loc, value, value, "NE")}));
+    combiners.push_back("and");
+    inits.push_back(1.0);
   }
-  Value truth = shlo::buildElementwise(
-      builder, loc, "or",
-      {shlo::buildCompare(builder, loc, value, value, "EQ"),
-       shlo::buildCompare(builder, loc, value, value, "NE")});
-  llvm::SmallVector<Value> extremes = shlo::buildReduceAllTogether(
-      builder, loc, {value, value, truth}, {"maximum", "minimum", "and"},
-      {0.0, 0.0, 1.0});
-  return {extremes[0], extremes[1], region, extremes[2]};
+  llvm::SmallVector<Value> reduced =
+      shlo::buildReduceAllTogether(builder, loc, values, combiners, inits);
+  return {reduced[0], reduced[1], region,
+          withAlways ? reduced[2] : Value()};
 }
 
 /// Makes `use` read its value after `check`: `select(always, x, -x)`,
@@ -558,15 +560,7 @@ void readAfterCheck(OpBuilder &builder, Location loc,
                     llvm::ArrayRef<OpOperand *> uses, Value never) {
   if (uses.empty())
     return;
-  Value value = uses.front()->get();
-  auto type = cast<RankedTensorType>(value.getType());
-  Value held = shlo::buildElementwise(
-      builder, loc, "subtract",
-      {value, shlo::buildBroadcastScalar(
-                  builder, loc,
-                  shlo::buildConvert(builder, loc, never,
-                                     type.getElementType()),
-                  type)});
+  Value held = shlo::buildAfter(builder, loc, uses.front()->get(), never);
   for (OpOperand *use : uses)
     use->set(held);
 }
@@ -688,11 +682,11 @@ Value mlir::amp::buildProvenanceBits(OpBuilder &builder, func::FuncOp main,
         if (!input ||
             writesOutput(body.findAncestorOpInBlock(*use.getOwner())))
           uses.push_back(&use);
-      // Of any other value, the first elementwise reader waits for the
-      // check, or XLA may check last and keep the value alive until then
-      // (sharded over 8 H100s, the attention scores of every layer). One
-      // reader places the check, and an elementwise one takes the wait
-      // into its own kernel.
+      // Of a large value that is neither, the first elementwise reader
+      // waits for the check, or XLA may check last and keep the value
+      // alive until then (sharded over 8 H100s, the attention scores of
+      // every layer). One reader places the check, and an elementwise one
+      // takes the wait into its own kernel.
       bool fromInput = !input && readsInputWhenFused(value);
       OpOperand *held =
           input || fromInput ? nullptr : firstHeldReader(body, value, uses);

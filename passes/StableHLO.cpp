@@ -924,6 +924,15 @@ Value shlo::buildBroadcastInDim(OpBuilder &builder, Location loc,
       ->getResult(0);
 }
 
+Value shlo::buildAfter(OpBuilder &builder, Location loc, Value value,
+                       Value zero) {
+  auto type = cast<RankedTensorType>(value.getType());
+  Value zeros = buildBroadcastScalar(
+      builder, loc, buildConvert(builder, loc, zero, type.getElementType()),
+      type);
+  return buildElementwise(builder, loc, "subtract", {value, zeros});
+}
+
 Value shlo::buildBroadcastScalar(OpBuilder &builder, Location loc,
                                  Value scalar, RankedTensorType type) {
   if (type.getRank() == 0)

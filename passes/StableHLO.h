@@ -256,6 +256,11 @@ Value buildBroadcastInDim(OpBuilder &builder, Location loc, Value value,
 /// Broadcasts a rank-0 tensor to `type`'s shape.
 Value buildBroadcastScalar(OpBuilder &builder, Location loc, Value scalar,
                            RankedTensorType type);
+/// `value - zero`, `zero` a scalar (of any number type) that is always 0
+/// but that XLA cannot know: exactly `value` (NaN, infinities and -0
+/// included), which XLA cannot compute before `zero`. Orders a reader of
+/// `value` after what `zero` is made from.
+Value buildAfter(OpBuilder &builder, Location loc, Value value, Value zero);
 /// `stablehlo.slice` of `value` from `start` to `limit` (exclusive).
 Value buildSlice(OpBuilder &builder, Location loc, Value value,
                  llvm::ArrayRef<int64_t> start, llvm::ArrayRef<int64_t> limit,
