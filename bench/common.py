@@ -65,7 +65,9 @@ def amp_internals() -> types.SimpleNamespace:
       # The f8 optimizer state's layout and sharding (sharded steps).
       f8_state_shape=contract.f8_state_shape,
       f8_block_sharding=lambda sharding, shape:
-          train_state.f8_block_sharding(sharding, shape)[0])
+          train_state.f8_block_sharding(sharding, shape)[0],
+      # The targets' figures for the step estimate (passes/Contract.cpp).
+      roofline=contract.roofline)
 
 # --------------------------------------------------------------------------
 # Data: the standard library's own source, as byte-pair tokens (vocab 512).
@@ -177,6 +179,241 @@ def mlp_loss(params, batch, config: MLPConfig, full=_identity_full,
   x, y = batch
   logits = output_cast(mlp_forward(params, x, full))
   return full(_cross_entropy, jnp.float32)(logits, y)
+
+
+@dataclasses.dataclass(frozen=True)
+class ViTConfig:
+  """A vision transformer for the compiled-step benchmarks: patches of an
+  image embedded by a GEMM, a class token, pre-LN encoder blocks."""
+  image: int = 224
+  patch: int = 16
+  channels: int = 3
+  d_model: int = 768
+  heads: int = 12
+  layers: int = 6
+  classes: int = 1000
+  batch: int = 64
+
+  @property
+  def tokens(self) -> int:
+    return (self.image // self.patch) ** 2 + 1
+
+
+def _block_init(keys, d: int, layers: int) -> dict:
+  normal = lambda shape, scale: scale * jax.random.normal(next(keys), shape)
+  return {"ln1": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
+          "qkv": normal((d, 3 * d), d ** -0.5),
+          "proj": normal((d, d), d ** -0.5 / layers),
+          "ln2": {"scale": jnp.ones(d), "bias": jnp.zeros(d)}}
+
+
+def vit_init(key: jax.Array, config: ViTConfig) -> dict:
+  d, patch_size = config.d_model, config.patch ** 2 * config.channels
+  keys = iter(jax.random.split(key, 8 + 8 * config.layers))
+  normal = lambda shape, scale: scale * jax.random.normal(next(keys), shape)
+  layers = []
+  for _ in range(config.layers):
+    layer = _block_init(keys, d, config.layers)
+    layer.update(up=normal((d, 4 * d), d ** -0.5), up_bias=jnp.zeros(4 * d),
+                 down=normal((4 * d, d), (4 * d) ** -0.5 / config.layers))
+    layers.append(layer)
+  return {"patch": normal((patch_size, d), patch_size ** -0.5),
+          "cls": normal((1, 1, d), 0.02),
+          "pos": normal((config.tokens, d), 0.02),
+          "ln_f": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
+          "head": normal((d, config.classes), d ** -0.5),
+          "layers": layers}
+
+
+def _attention(x, layer, heads: int, mask=None):
+  b, s, d = x.shape
+  y = lm.layer_norm(x, layer["ln1"])
+  q, k, v = jnp.split(y @ layer["qkv"], 3, axis=-1)
+  q, k, v = (t.reshape(b, s, heads, d // heads) for t in (q, k, v))
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / (d // heads) ** 0.5
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+  y = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), v)
+  return x + y.reshape(b, s, d) @ layer["proj"]
+
+
+def vit_loss(params, batch, config: ViTConfig, full=_identity_full,
+             output_cast=lambda x: x):
+  del full
+  images, labels = batch
+  b, p, c = images.shape[0], config.patch, config.channels
+  n = config.image // p
+  patches = images.reshape(b, n, p, n, p, c).transpose(0, 1, 3, 2, 4, 5)
+  x = patches.reshape(b, n * n, p * p * c) @ params["patch"]
+  cls = jnp.broadcast_to(params["cls"], (b, 1, x.shape[-1])).astype(x.dtype)
+  x = jnp.concatenate([cls, x], axis=1) + params["pos"]
+  for layer in params["layers"]:
+    x = _attention(x, layer, config.heads)
+    y = lm.layer_norm(x, layer["ln2"])
+    x = x + jax.nn.gelu(y @ layer["up"] + layer["up_bias"]) @ layer["down"]
+  x = lm.layer_norm(x[:, 0], params["ln_f"])
+  return _cross_entropy(output_cast(x @ params["head"]), labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+  """A decoder LM whose MLPs are mixtures of experts: a router GEMM, top-k
+  over its logits (a discrete decision), GShard-style dispatch to expert
+  buffers of fixed capacity, and experts as batched GEMMs."""
+  vocab: int = 512
+  d_model: int = 512
+  heads: int = 8
+  layers: int = 4
+  seq: int = 256
+  batch: int = 16
+  experts: int = 8
+  top_k: int = 2
+  hidden: int = 1024
+  capacity_factor: float = 1.25  # an expert's buffer: tokens * k / experts * this
+
+
+def moe_init(key: jax.Array, config: MoEConfig) -> dict:
+  d, e, f = config.d_model, config.experts, config.hidden
+  keys = iter(jax.random.split(key, 8 + 8 * config.layers))
+  normal = lambda shape, scale: scale * jax.random.normal(next(keys), shape)
+  layers = []
+  for _ in range(config.layers):
+    layer = _block_init(keys, d, config.layers)
+    layer.update(router=normal((d, e), d ** -0.5),
+                 up=normal((e, d, f), d ** -0.5), up_bias=jnp.zeros((e, f)),
+                 down=normal((e, f, d), f ** -0.5 / config.layers))
+    layers.append(layer)
+  return {"embed": normal((config.vocab, d), 0.02),
+          "pos": normal((config.seq, d), 0.02),
+          "ln_f": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
+          "layers": layers}
+
+
+def moe_routes(y, layer, config: MoEConfig):
+  """The router's choices for tokens `y` [T, d]: experts [T, k] and their
+  gates [T, k]."""
+  top, experts = jax.lax.top_k(y @ layer["router"], config.top_k)
+  return experts, jax.nn.softmax(top, axis=-1)
+
+
+def _mixture(y, layer, config: MoEConfig):
+  t, d = y.shape
+  e, k = config.experts, config.top_k
+  c = max(1, int(config.capacity_factor * t * k / e))
+  experts, gates = moe_routes(y, layer, config)
+  # Each (choice, token)'s slot in its expert's buffer, first choices
+  # first, counted in integers; a choice past the capacity is dropped.
+  chosen = jax.nn.one_hot(experts.T.reshape(k * t), e, dtype=jnp.int32)
+  slot = ((jnp.cumsum(chosen, axis=0) - chosen) * chosen).sum(-1)
+  kept = chosen * (slot < c)[:, None]
+  dispatch = (kept.astype(y.dtype)[:, :, None] *
+              jax.nn.one_hot(slot, c, dtype=y.dtype)[:, None, :])
+  combine = dispatch * gates.T.reshape(k * t)[:, None, None]
+  dispatch = dispatch.reshape(k, t, e, c).sum(0)
+  combine = combine.reshape(k, t, e, c).sum(0)
+  inputs = jnp.einsum("tec,td->ecd", dispatch, y)
+  hidden = jax.nn.gelu(jnp.einsum("ecd,edf->ecf", inputs, layer["up"]) +
+                       layer["up_bias"][:, None, :])
+  outputs = jnp.einsum("ecf,efd->ecd", hidden, layer["down"])
+  return jnp.einsum("tec,ecd->td", combine, outputs)
+
+
+def moe_forward(params, tokens, config: MoEConfig, routes: list | None = None):
+  """The logits; each layer's chosen experts [T, k] appended to `routes`
+  where one is given."""
+  b, s = tokens.shape
+  x = params["embed"][tokens] + params["pos"][:s]
+  mask = jnp.tril(jnp.ones((s, s), bool))
+  for layer in params["layers"]:
+    x = _attention(x, layer, config.heads, mask)
+    y = lm.layer_norm(x, layer["ln2"]).reshape(b * s, -1)
+    if routes is not None:
+      routes.append(moe_routes(y, layer, config)[0])
+    x = x + _mixture(y, layer, config).reshape(b, s, -1)
+  x = lm.layer_norm(x, params["ln_f"])
+  return x @ params["embed"].T
+
+
+def moe_all_routes(params, tokens, config: MoEConfig):
+  """Every layer's chosen experts for `tokens`: int32[layers, T, k]."""
+  routes: list = []
+  moe_forward(params, tokens, config, routes)
+  return jnp.stack(routes)
+
+
+def make_moe(config: MoEConfig, eval_batches: int = 8, seed: int = 0,
+             learning_rate: float = 3e-3) -> Model:
+  """The MoE LM on the LM's data: `seed` picks the initial parameters and
+  the order of the training windows."""
+  tokens = _lm_tokens(config.vocab)
+  cut = int(len(tokens) * 0.9)
+  train, held = tokens[:cut], tokens[cut:]
+  held_iter = window_batches(held, config.batch, config.seq, seed=1)
+  return Model(
+      name="moe",
+      description=(f"MoE LM: {config.layers} layers, d_model "
+                   f"{config.d_model}, {config.experts} experts, top-"
+                   f"{config.top_k}, seq {config.seq}, batch {config.batch}, "
+                   f"adam {learning_rate}"),
+      params=moe_init(jax.random.key(seed), config),
+      loss=lambda p, b, **kw: moe_loss(p, b, config, **kw),
+      optimizer=optax.adam(learning_rate),
+      train=window_batches(train, config.batch, config.seq,
+                           seed=_train_seed(seed)),
+      held_out=[next(held_iter) for _ in range(eval_batches)],
+      seed=seed)
+
+
+def moe_loss(params, batch, config: MoEConfig, full=_identity_full,
+             output_cast=lambda x: x):
+  del full
+  inputs, targets = batch[:, :-1], batch[:, 1:]
+  return _cross_entropy(output_cast(moe_forward(params, inputs, config)),
+                        targets)
+
+
+def compiled_step_configs(size: str) -> dict:
+  """The ViT and the MoE LM of the compiled-step benchmarks
+  (bench/gpu_compile.py), by size: gpu, small (a CPU), smoke (seconds)."""
+  if size == "gpu":
+    return {"vit": ViTConfig(), "moe": MoEConfig()}
+  if size == "small":
+    return {"vit": ViTConfig(image=64, d_model=128, heads=4, layers=2,
+                             classes=10, batch=8),
+            "moe": MoEConfig(d_model=128, heads=4, layers=2, seq=64, batch=4,
+                             experts=4, hidden=256)}
+  if size == "smoke":
+    return {"vit": ViTConfig(image=32, d_model=32, heads=2, layers=1,
+                             classes=10, batch=2),
+            "moe": MoEConfig(vocab=64, d_model=32, heads=2, layers=2, seq=16,
+                             batch=2, experts=4, hidden=64)}
+  raise ValueError(f"unknown size {size!r} (gpu, small, smoke)")
+
+
+def model_step_parts(name: str, config) -> tuple[Callable, Callable, Any]:
+  """(init(key), loss(params, batch, **kw), abstract batch) of a bench
+  model: lm, mlp, vit or moe."""
+  if name == "lm":
+    return (lambda key: lm_init(key, config),
+            lambda p, b, **kw: lm_loss(p, b, config, **kw),
+            jax.ShapeDtypeStruct((config.batch, config.seq + 1), jnp.int32))
+  if name == "mlp":
+    return (lambda key: mlp_init(key, config),
+            lambda p, b, **kw: mlp_loss(p, b, config, **kw),
+            (jax.ShapeDtypeStruct((config.batch, config.sizes[0]),
+                                  jnp.float32),
+             jax.ShapeDtypeStruct((config.batch,), jnp.int32)))
+  if name == "vit":
+    return (lambda key: vit_init(key, config),
+            lambda p, b, **kw: vit_loss(p, b, config, **kw),
+            (jax.ShapeDtypeStruct((config.batch, config.image, config.image,
+                                   config.channels), jnp.float32),
+             jax.ShapeDtypeStruct((config.batch,), jnp.int32)))
+  if name == "moe":
+    return (lambda key: moe_init(key, config),
+            lambda p, b, **kw: moe_loss(p, b, config, **kw),
+            jax.ShapeDtypeStruct((config.batch, config.seq + 1), jnp.int32))
+  raise ValueError(f"unknown model {name!r} (lm, mlp, vit, moe)")
 
 
 def teacher_batches(config: MLPConfig, seed: int) -> Iterator[tuple]:

@@ -89,6 +89,7 @@ GPU size. Writes bench/results/gpu-compile-smoke.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -290,6 +291,9 @@ def _parse(argv):
                       "hosts of 4)")
   parser.add_argument("--batch", type=int, default=None,
                       help="the batch (default: the size's)")
+  parser.add_argument("--save-hlo", default=None, metavar="DIR",
+                      help="write each variant's optimized HLO text to "
+                      "DIR/MODEL-VARIANT.hlo (what the estimate reads)")
   parser.add_argument("--json", default=None,
                       help="write the results here (default: "
                       "bench/results/gpu-compile[-TARGET-SIZE].json)")
@@ -334,7 +338,12 @@ def main(argv=None) -> int:
   from bench import common
   from bench import gpu
 
-  configs = gpu.configs(size)
+  configs = {**gpu.configs(size), **common.compiled_step_configs(size)}
+  try:
+    roofline = common.amp_internals().roofline(args.gpu)
+  except ValueError as error:
+    print(error, file=sys.stderr)
+    return 2
   devices = args.devices
   mesh_shape = tuple(args.axes.values()) or (1,)
   mesh_names = tuple(args.axes) or ("devices",)
@@ -412,7 +421,7 @@ def main(argv=None) -> int:
     state = (p0, jax.eval_shape(tx.init, p0))
     lowered = jax.jit(step, donate_argnums=0).lower(*placed(p0, state,
                                                             batch))
-    return lowered.compile(), None
+    return lowered.compile(**compile_options), None
 
   def compile_ours(variant, loss, params, batch, tx):
     policy, options = OURS[variant]
@@ -422,26 +431,29 @@ def main(argv=None) -> int:
                           target=args.target, **options)
     state = jax.eval_shape(step.init, params)
     lowered = step.lower(*placed(params, state, batch))
-    compiled = lowered.compile()
+    compiled = lowered.compile(**compile_options)
     return compiled, lowered.report()
 
   results = {"target": args.target, "size": size,
              "jax": jax.__version__, "models": {}}
   lost_any = False
   for name in args.models.split(","):
+    if name not in configs:
+      print(f"unknown model {name!r} (known: {', '.join(configs)})",
+            file=sys.stderr)
+      return 2
     config = configs[name]
-    params = jax.eval_shape(
-        lambda: (common.lm_init if name == "lm" else common.mlp_init)(
-            jax.random.key(0), config))
-    loss = ((lambda p, b, **kw: common.lm_loss(p, b, config, **kw))
-            if name == "lm" else
-            (lambda p, b, **kw: common.mlp_loss(p, b, config, **kw)))
-    batch_size = args.batch or config.batch
-    batch = (jax.ShapeDtypeStruct((batch_size, config.seq + 1), jnp.int32)
-             if name == "lm" else
-             (jax.ShapeDtypeStruct((batch_size, config.sizes[0]),
-                                   jnp.float32),
-              jax.ShapeDtypeStruct((batch_size,), jnp.int32)))
+    if args.batch:
+      config = dataclasses.replace(config, batch=args.batch)
+    init, loss, batch = common.model_step_parts(name, config)
+    # XLA:GPU's Triton GEMM tiling finds no tile for the ViT's 197-token
+    # rows without autotuning ("Couldn't find output tile sizes"): its
+    # GEMMs go to cuBLAS when compiled without a device.
+    compile_options = ({"compiler_options": {
+        "xla_gpu_enable_triton_gemm": False}}
+                       if name == "vit" and args.target == "gpu" else {})
+    params = jax.eval_shape(lambda: init(jax.random.key(0)))
+    batch_size = config.batch
     tx = optax.adam(1e-3)
     rows = []
     where = (f"deviceless {devices}x {GPUS[args.gpu][0]}" +
@@ -467,10 +479,23 @@ def main(argv=None) -> int:
                          f"{', '.join(VARIANTS)})")
       seconds = time.perf_counter() - start
       text = compiled.as_text()
+      if args.save_hlo:
+        hlo_dir = pathlib.Path(args.save_hlo)
+        hlo_dir.mkdir(parents=True, exist_ok=True)
+        (hlo_dir / f"{name}-{variant}.hlo").write_text(text)
+      module = common.hlo_reader().Module.parse(text)
+      estimate = common.hlo_reader().estimate(module, roofline)
       row = {"variant": variant, "compile_s": seconds,
              "memory": common.memory(compiled),
-             "kernels": common.kernels(text),
-             "kernel_kinds": common.kernel_kinds(text)}
+             "kernels": estimate.kernels,
+             "kernel_kinds": module.kernel_kinds(),
+             "estimate": {"device": estimate.device,
+                          "step_ms": estimate.seconds * 1e3,
+                          "compute_ms": estimate.compute_seconds * 1e3,
+                          "collective_ms": estimate.collective_seconds * 1e3,
+                          "hbm_bytes": estimate.hbm_bytes,
+                          "collective_bytes": estimate.collective_bytes,
+                          "flops": dict(estimate.flops)}}
       if devices > 1:
         row["collectives"] = common.collectives(text)
       if report is not None and report.xla is not None:
@@ -489,10 +514,16 @@ def main(argv=None) -> int:
           lost_any |= bool(row["lost"])
       rows.append(row)
     base = next((r["memory"] for r in rows if r["variant"] == "f32"), None)
-    print("| variant | memory total MiB | vs f32 | temp MiB | vs f32 | "
-          "stored values kept / decided | FP8 GEMMs / decided | kernels | "
-          "compile s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    hand = next((r["estimate"] for r in rows if r["variant"] == "jmp-style"),
+                None)
+    print(f"Estimated step: each kernel of the optimized HLO priced on the "
+          f"{roofline.device} roofline"
+          + (" (an XLA:CPU program: this checks the code, it is no GPU time)"
+             if args.target != "gpu" else "") + "; see docs/results.md.\n")
+    print("| variant | est. step ms | vs jmp-style | kernels | HBM GiB | "
+          "memory total MiB | vs f32 | temp MiB | vs f32 | "
+          "stored values kept / decided | FP8 GEMMs / decided | compile s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
       m = row["memory"]
       ratio = (lambda k: f"{m[k] / base[k]:.3f}x" if base else "–")
@@ -502,9 +533,13 @@ def main(argv=None) -> int:
              + (f" ({row['fp8_emulated']} emulated)"
                 if row["fp8_emulated"] else "")
              if row.get("fp8_decided") else "–")
-      print(f"| {row['variant']} | {m['total'] / 2**20:.1f} | "
+      est = row["estimate"]
+      versus = (f"{est['step_ms'] / hand['step_ms']:.2f}x" if hand else "–")
+      print(f"| {row['variant']} | {est['step_ms']:.2f} | {versus} | "
+            f"{row['kernels']} | {est['hbm_bytes'] / 2**30:.2f} | "
+            f"{m['total'] / 2**20:.1f} | "
             f"{ratio('total')} | {m['temp'] / 2**20:.1f} | {ratio('temp')} | "
-            f"{kept} | {fp8} | {row['kernels']} | {row['compile_s']:.1f} |")
+            f"{kept} | {fp8} | {row['compile_s']:.1f} |")
       kinds = row["kernel_kinds"]
       print(f"  kernels: {kinds['gemm']} GEMM, {kinds['fp8_quantize']} FP8 "
             f"quantization, {kinds['other']} other")
@@ -521,12 +556,14 @@ def main(argv=None) -> int:
             "others by their operands; the gradient reduction is the "
             "reductions of values the backward pass computes):\n")
       print("| variant | total | other than the gradient reduction | "
-            "by kind and dtype |")
-      print("|---|---|---|---|")
+            "est. compute ms | est. collectives ms | by kind and dtype |")
+      print("|---|---|---|---|---|---|")
       for row in rows:
-        c = row["collectives"]
+        c, est = row["collectives"], row["estimate"]
         print(f"| {row['variant']} | {common.mib(c['total'])} | "
-              f"{common.mib(c['other'])} | {common.describe(c['by_kind'])} |")
+              f"{common.mib(c['other'])} | {est['compute_ms']:.2f} | "
+              f"{est['collective_ms']:.2f} | "
+              f"{common.describe(c['by_kind'])} |")
     if name == "lm" and size == "gpu" and base:
       by = {r["variant"]: r for r in rows}
       for variant, goal in TARGETS.items():

@@ -338,9 +338,10 @@ constexpr llvm::StringRef kNumericsNames[] = {"none", "stats",
                                               "provenance"};
 constexpr llvm::StringRef kGemmStatsCounts[] = {"nonzero", "underflow",
                                                 "saturated"};
-constexpr Fp8Roofline kFp8Rooflines[] = {
-    {"H100 SXM", 989.4e12, 3.352e12},
-    {"B200", 2250e12, 8.0e12},
+constexpr Roofline kRooflines[] = {
+    {"h100", "H100 SXM", 989.4e12, 1978.9e12, 494.7e12, 66.9e12, 3.352e12,
+     450e9},
+    {"b200", "B200", 2250e12, 4500e12, 1100e12, 40e12, 8.0e12, 900e9},
 };
 
 /// The position of `text` among `names`, or an error naming them all.
@@ -394,13 +395,13 @@ llvm::ArrayRef<llvm::StringRef> mlir::amp::gemmStatsCounts() {
   return kGemmStatsCounts;
 }
 
-int64_t Fp8Roofline::minSize() const {
+int64_t Roofline::minSize() const {
   return static_cast<int64_t>(
-      std::ceil(kQuantizeBytesPerElement * computeFlops / bytesPerSecond));
+      std::ceil(kQuantizeBytesPerElement * bf16Flops / bytesPerSecond));
 }
-llvm::ArrayRef<Fp8Roofline> mlir::amp::fp8Rooflines() { return kFp8Rooflines; }
+llvm::ArrayRef<Roofline> mlir::amp::rooflines() { return kRooflines; }
 int64_t mlir::amp::defaultFp8MinSize(Target target) {
-  return target == Target::Gpu ? kFp8Rooflines[0].minSize() : 0;
+  return target == Target::Gpu ? kRooflines[0].minSize() : 0;
 }
 
 llvm::Expected<UpdateRounding>
@@ -886,18 +887,27 @@ llvm::json::Object decisionsJson() {
           {"keys", decisionKeysJson()}};
 }
 
-/// The devices FP8's shape filter is modelled on, and the effective size
-/// M*N/(M+N) each one's roofline asks of a GEMM.
-llvm::json::Array fp8RooflinesJson() {
-  llvm::json::Array rooflines;
-  for (const Fp8Roofline &roofline : fp8Rooflines())
-    rooflines.push_back(llvm::json::Object{
+/// The targets' rooflines: what the bench's estimate prices kernels with,
+/// and the effective size M*N/(M+N) FP8's filter asks of a GEMM.
+llvm::json::Array rooflinesJson() {
+  llvm::json::Array table;
+  for (const Roofline &roofline : rooflines())
+    table.push_back(llvm::json::Object{
+        {"name", roofline.name},
         {"device", roofline.device},
-        {"compute_flops", roofline.computeFlops},
+        {"matrix_flops", llvm::json::Object{{"bf16", roofline.bf16Flops},
+                                            {"f8", roofline.fp8Flops},
+                                            {"f32", roofline.tf32Flops},
+                                            {"f64", roofline.f64Flops}}},
         {"bytes_per_second", roofline.bytesPerSecond},
+        {"hbm_efficiency", kHbmEfficiency},
+        {"interconnect_bytes_per_second",
+         roofline.interconnectBytesPerSecond},
+        {"interconnect_efficiency", kInterconnectEfficiency},
+        {"launch_seconds", kKernelLaunchSeconds},
         {"quantize_bytes_per_element", kQuantizeBytesPerElement},
         {"min_size", roofline.minSize()}});
-  return rooflines;
+  return table;
 }
 
 llvm::json::Object reportJson() {
@@ -967,7 +977,7 @@ std::string mlir::amp::contractJson() {
            {"max", OptimizerStateBlocks::kMax},
            {"smallest", OptimizerStateBlocks::kSmallest}}},
       {"decisions", decisionsJson()},
-      {"fp8_rooflines", fp8RooflinesJson()},
+      {"rooflines", rooflinesJson()},
       {"mx_block", kMxBlock},
       {"gemm_stats_counts", strings(gemmStatsCounts())},
       {"report", reportJson()},

@@ -326,23 +326,36 @@ llvm::Expected<Numerics> parseNumerics(llvm::StringRef text);
 /// underflow, saturated.
 llvm::ArrayRef<llvm::StringRef> gemmStatsCounts();
 
-/// FP8 only where it pays: a roofline of the target. An FP8 GEMM saves
-/// half the compute-dtype GEMM's time, 2*M*N*K / peak / 2; quantizing its
-/// operands reads each compute-dtype element once more for the amax and
-/// writes its FP8 copy (the scaling fuses into the producer),
-/// `kQuantizeBytesPerElement` bytes per element of the M*K + K*N operand
-/// elements. FP8 pays when M*N/(M+N) (K cancels) exceeds
-/// kQuantizeBytesPerElement * peak / bandwidth: the GEMM's "effective
-/// size".
-struct Fp8Roofline {
-  llvm::StringLiteral device;
-  double computeFlops;   ///< dense bf16 tensor-core peak, FLOP/s
-  double bytesPerSecond; ///< HBM bandwidth
+/// A target's roofline: the figures a kernel is priced with (peak matrix
+/// flops by operand class, HBM and interconnect bandwidth, a launch), for
+/// the decisions that weigh time (FP8's shape filter) and the bench's step
+/// estimate (hlo.py, `estimate`). docs/DESIGN.md gives the sources.
+///
+/// FP8 only where it pays: an FP8 GEMM saves half the compute-dtype GEMM's
+/// time, 2*M*N*K / peak / 2; quantizing its operands reads each
+/// compute-dtype element once more for the amax and writes its FP8 copy
+/// (the scaling fuses into the producer), `kQuantizeBytesPerElement` bytes
+/// per element of the M*K + K*N operand elements. FP8 pays when
+/// M*N/(M+N) (K cancels) exceeds kQuantizeBytesPerElement * peak /
+/// bandwidth: the GEMM's "effective size".
+struct Roofline {
+  llvm::StringLiteral name;   ///< how options and the bench name it: h100
+  llvm::StringLiteral device; ///< H100 SXM
+  double bf16Flops;           ///< dense bf16/f16 tensor-core peak, FLOP/s
+  double fp8Flops;            ///< dense FP8 tensor-core peak
+  double tf32Flops;           ///< f32 dots, run as TF32
+  double f64Flops;
+  double bytesPerSecond;      ///< HBM bandwidth, peak
+  double interconnectBytesPerSecond; ///< per device and direction (NVLink)
   int64_t minSize() const;
 };
 inline constexpr double kQuantizeBytesPerElement = 3.0;
-/// H100 SXM (989 TFLOP/s, 3.35 TB/s) and B200 (2.25 PFLOP/s, 8 TB/s).
-llvm::ArrayRef<Fp8Roofline> fp8Rooflines();
+/// What a streaming kernel achieves of the peaks, and a kernel's launch.
+inline constexpr double kHbmEfficiency = 0.85;
+inline constexpr double kInterconnectEfficiency = 0.8;
+inline constexpr double kKernelLaunchSeconds = 2e-6;
+/// H100 SXM and B200.
+llvm::ArrayRef<Roofline> rooflines();
 /// defaultFp8MinSize (Policy.h) reads the first, the H100's.
 
 //===----------------------------------------------------------------------===//

@@ -160,7 +160,7 @@ std::optional<Ineligible> unblockable(const GemmSizes &gemm,
 /// Why `dot`, eligible, is too small for FP8 to pay under `minSize`;
 /// `shared[i]`: operand i is quantized for another FP8 GEMM anyway, so
 /// quantizing it costs this one nothing. The roofline (Contract.h,
-/// Fp8Roofline) compares M*N*K with K*(M + N): K cancels, and a shared
+/// Roofline) compares M*N*K with K*(M + N): K cancels, and a shared
 /// operand leaves its term out of the sum (none left: FP8 is free).
 std::optional<Ineligible> unprofitable(const GemmSizes &gemm,
                                        std::array<bool, 2> shared,

@@ -145,7 +145,7 @@ Level defaultLevel(Target target);
 bool defaultRematerialize(Target target);
 /// The effective size M*N/(M+N) below which a GEMM stays out of FP8 by
 /// default on `target`: the H100's roofline on gpu (Contract.h,
-/// Fp8Roofline); 0 (no filter) elsewhere (XLA:CPU emulates FP8; TPUs are
+/// Roofline); 0 (no filter) elsewhere (XLA:CPU emulates FP8; TPUs are
 /// not modelled).
 int64_t defaultFp8MinSize(Target target);
 

@@ -220,7 +220,7 @@ def test_backward_gemms_read_the_fp8_copies_the_forward_gemm_made():
 
 def test_the_roofline_thresholds_come_from_the_contract():
   from stablehlo_amp._src import contract
-  rooflines = {r["device"]: r for r in contract.document()["fp8_rooflines"]}
+  rooflines = {r["device"]: r for r in contract.document()["rooflines"]}
   assert rooflines["H100 SXM"]["min_size"] == 886
   assert rooflines["B200"]["min_size"] == 844
   assert contract.options()["fp8_min_size"]["target_defaults"]["gpu"] == 886

@@ -786,11 +786,11 @@ ENTRY %main.2 (p.1: f32[8]) -> f32[8] {
 """
 
 
-def test_kernels_count_entry_instructions_with_array_results_that_work():
-  # copy, fusion, the array custom call and add; not the parameter,
-  # constant, bitcast, get-tuple-element, tuple, opt-barrier, nor the
-  # tuple-shaped GEMM call.
-  assert hlo.Module.parse(KERNELS).kernels() == 4
+def test_kernels_count_every_entry_instruction_that_launches_work():
+  # copy, fusion, the array custom call, the GEMM call (a tuple of its
+  # result and workspace) and add; not the parameter, constant, bitcast,
+  # get-tuple-element, tuple nor opt-barrier.
+  assert hlo.Module.parse(KERNELS).kernels() == 5
 
 
 KERNEL_KINDS = """\
@@ -840,9 +840,9 @@ ENTRY %main.2 (p.1: f32[8,8]) -> f32[8,8] {
 def test_kernel_kinds_tell_gemms_fp8_quantization_and_the_rest_apart():
   assert hlo.Module.parse(KERNEL_KINDS).kernel_kinds() == {
       "gemm": 1, "fp8_quantize": 2, "other": 1}
-  # The GEMM call of KERNELS returns a tuple (no kernel of its own here).
+  # The GEMM call of KERNELS returns a tuple: a kernel all the same.
   assert hlo.Module.parse(KERNELS).kernel_kinds() == {
-      "gemm": 0, "fp8_quantize": 0, "other": 4}
+      "gemm": 1, "fp8_quantize": 0, "other": 4}
 
 
 def test_reads_what_xla_cpu_prints():
@@ -856,3 +856,161 @@ def test_reads_what_xla_cpu_prints():
   assert len(dots) == 1
   assert module.collectives() == ()
   assert module.kernels() >= 1
+
+
+# The step estimate: each kernel priced at max(flops / peak, bytes /
+# bandwidth) + launch on a roofline with round figures.
+ROOFLINE = hlo.Roofline(
+    device="test", matrix_flops={"f8": 4e12, "bf16": 2e12, "f32": 1e12,
+                                 "f64": 0.5e12},
+    hbm_bytes_per_second=1e9, interconnect_bytes_per_second=1e8,
+    launch_seconds=1e-6)
+
+ESTIMATE = """\
+HloModule jit_step
+
+%gemm_body (p0: bf16[64,32], p1: bf16[32,128]) -> bf16[64,128] {
+  %p0 = bf16[64,32]{1,0} parameter(0)
+  %p1 = bf16[32,128]{1,0} parameter(1)
+  ROOT %dot.1 = bf16[64,128]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%two_outputs (q0: f32[1024]) -> (f32[1024], bf16[1024]) {
+  %q0 = f32[1024]{0} parameter(0)
+  %neg = f32[1024]{0} negate(%q0)
+  %cvt = bf16[1024]{0} convert(%q0)
+  ROOT %t = (f32[1024]{0}, bf16[1024]{0}) tuple(%neg, %cvt)
+}
+
+%sliced (r0: f32[1000,10], r1: f32[10]) -> f32[10,10] {
+  %r0 = f32[1000,10]{1,0} parameter(0)
+  %r1 = f32[10]{0} parameter(1)
+  %s = f32[10,10]{1,0} slice(%r0), slice={[0:10], [0:10]}
+  %b = f32[10,10]{1,0} broadcast(%r1), dimensions={1}
+  ROOT %a = f32[10,10]{1,0} add(%s, %b)
+}
+
+ENTRY %main (a: bf16[64,32], w: bf16[32,128], x: f32[1024], big: f32[1000,10], v: f32[10], l: f32[256,512], r: f32[512,64]) -> f32[10,10] {
+  %a = bf16[64,32]{1,0} parameter(0)
+  %w = bf16[32,128]{1,0} parameter(1)
+  %x = f32[1024]{0} parameter(2)
+  %big = f32[1000,10]{1,0} parameter(3)
+  %v = f32[10]{0} parameter(4)
+  %l = f32[256,512]{1,0} parameter(5)
+  %r = f32[512,64]{1,0} parameter(6)
+  %gemm = bf16[64,128]{1,0} fusion(%a, %w), kind=kCustom, calls=%gemm_body, backend_config={"fusion_backend_config":{"kind":"__triton_nested_gemm_fusion"}}
+  %multi = (f32[1024]{0}, bf16[1024]{0}) fusion(%x), kind=kLoop, calls=%two_outputs
+  %cublas = (f32[256,64]{1,0}, s8[4194304]{0}) custom-call(f32[256,512]{1,0} %l, f32[512,64]{1,0} %r), custom_call_target="__cublas$gemm", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  ROOT %slice_add = f32[10,10]{1,0} fusion(%big, %v), kind=kLoop, calls=%sliced
+}
+"""
+
+
+def _kernel(module, name):
+  return next(k for k in module.device_kernels()
+              if k.instruction.name == name)
+
+
+def test_a_dots_flops_are_2mnk_at_its_operands_peak():
+  module = hlo.Module.parse(ESTIMATE)
+  gemm = _kernel(module, "gemm")
+  assert gemm.kind == "gemm"
+  assert gemm.flops == {"bf16": 2 * 64 * 128 * 32}
+  assert gemm.bytes_read == 2 * (64 * 32 + 32 * 128)
+  assert gemm.bytes_written == 2 * 64 * 128
+  # Memory-bound on these figures: bytes / bandwidth, plus the launch.
+  assert ROOFLINE.kernel_seconds(gemm) == pytest.approx(
+      (gemm.bytes_read + gemm.bytes_written) / 1e9 + 1e-6)
+
+
+def test_a_multi_output_fusion_is_one_kernel_that_writes_every_output():
+  module = hlo.Module.parse(ESTIMATE)
+  multi = _kernel(module, "multi")
+  assert multi.kind == "other" and multi.launches == 1
+  assert multi.bytes_read == 4 * 1024
+  assert multi.bytes_written == 4 * 1024 + 2 * 1024
+
+
+def test_a_cublas_call_is_a_gemm_priced_without_its_workspace():
+  module = hlo.Module.parse(ESTIMATE)
+  cublas = _kernel(module, "cublas")
+  assert cublas.kind == "gemm"
+  assert cublas.flops == {"f32": 2 * 256 * 64 * 512}
+  assert cublas.bytes_read == 4 * (256 * 512 + 512 * 64)
+  assert cublas.bytes_written == 4 * 256 * 64        # no s8 workspace
+  compute = 2 * 256 * 64 * 512 / 1e12
+  assert ROOFLINE.kernel_seconds(cublas) == pytest.approx(
+      max(compute, cublas.hbm_bytes / 1e9) + 1e-6)
+
+
+def test_an_operand_read_only_through_slices_counts_what_is_read():
+  module = hlo.Module.parse(ESTIMATE)
+  sliced = _kernel(module, "slice_add")
+  assert sliced.bytes_read == 4 * 10 * 10 + 4 * 10   # not 4 * 1000 * 10
+  assert sliced.bytes_written == 4 * 10 * 10
+
+
+def test_the_estimate_sums_the_kernels_and_prices_collectives_apart():
+  module = hlo.Module.parse(ESTIMATE)
+  estimate = hlo.estimate(module, ROOFLINE)
+  kernels = module.device_kernels()
+  assert estimate.kernels == 4 == module.kernels()
+  assert estimate.compute_seconds == pytest.approx(
+      sum(ROOFLINE.kernel_seconds(k) for k in kernels))
+  assert estimate.hbm_bytes == sum(k.hbm_bytes for k in kernels)
+  assert estimate.flops == {"bf16": 2 * 64 * 128 * 32,
+                            "f32": 2 * 256 * 64 * 512}
+  assert estimate.collective_seconds == 0
+  assert estimate.seconds == estimate.compute_seconds
+  collective = ESTIMATE.replace(
+      "  ROOT %slice_add",
+      "  %ag = f32[8000]{0} all-gather(%x), dimensions={0}, "
+      "replica_groups={{0,1,2,3,4,5,6,7}}\n  ROOT %slice_add")
+  sharded = hlo.estimate(hlo.Module.parse(collective), ROOFLINE)
+  assert sharded.kernels == 4
+  assert sharded.collective_bytes == 4 * 8000
+  assert sharded.collective_seconds == pytest.approx(4 * 8000 / 1e8 + 1e-6)
+
+
+def test_a_loops_kernels_run_once_per_known_trip():
+  loop = """\
+HloModule loop
+
+%body (s: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %s = (s32[], f32[8]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%s), index=0
+  %x = f32[8]{0} get-tuple-element(%s), index=1
+  %n = f32[8]{0} negate(%x)
+  ROOT %t = (s32[], f32[8]{0}) tuple(%i, %n)
+}
+
+%cond (c: (s32[], f32[8])) -> pred[] {
+  %c = (s32[], f32[8]{0}) parameter(0)
+  ROOT %p = pred[] constant(true)
+}
+
+ENTRY %main (x: f32[8]) -> (s32[], f32[8]) {
+  %x = f32[8]{0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[8]{0}) tuple(%zero, %x)
+  ROOT %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+}
+"""
+  module = hlo.Module.parse(loop)
+  assert module.kernels() == 5
+  (negate,) = module.device_kernels()
+  assert negate.launches == 5 and negate.bytes_read == 32
+
+
+def test_the_targets_figures_come_from_the_contract():
+  from stablehlo_amp._src import contract
+  h100 = contract.roofline("h100")
+  assert h100.device == "H100 SXM"
+  assert h100.matrix_flops["bf16"] == pytest.approx(989.4e12)
+  assert h100.matrix_flops["f8"] == pytest.approx(2 * 989.4e12, rel=1e-3)
+  assert h100.hbm_bytes_per_second == pytest.approx(3.352e12 * 0.85)
+  assert h100.interconnect_bytes_per_second == pytest.approx(360e9)
+  assert contract.roofline_names() == ("h100", "b200")
+  with pytest.raises(ValueError, match=r"no roofline for target 'a100' "
+                     r"\(known: h100, b200\)"):
+    contract.roofline("a100")

@@ -17,6 +17,7 @@ import re
 from typing import Any, Mapping, NamedTuple
 
 from stablehlo_amp import _amp
+from stablehlo_amp._src import hlo
 
 
 @functools.cache
@@ -223,3 +224,25 @@ def state_roles() -> Mapping[str, Mapping[str, Any]]:
 def target_option() -> str:
   """The option naming the backend, which other options' defaults follow."""
   return next(name for name, spec in options().items() if spec.get("target"))
+
+
+def roofline_names() -> tuple[str, ...]:
+  """The targets the step estimate has figures for: ("h100", "b200")."""
+  return tuple(entry["name"] for entry in document()["rooflines"])
+
+
+def roofline(name: str) -> hlo.Roofline:
+  """The roofline of target `name` (`roofline_names()`), with the achieved
+  fractions of peak bandwidth applied, for `hlo.estimate`."""
+  table = {entry["name"]: entry for entry in document()["rooflines"]}
+  if name not in table:
+    raise ValueError(f"no roofline for target {name!r} (known: "
+                     f"{', '.join(table)})")
+  entry = table[name]
+  return hlo.Roofline(
+      device=entry["device"], matrix_flops=dict(entry["matrix_flops"]),
+      hbm_bytes_per_second=entry["bytes_per_second"] *
+      entry["hbm_efficiency"],
+      interconnect_bytes_per_second=entry["interconnect_bytes_per_second"] *
+      entry["interconnect_efficiency"],
+      launch_seconds=entry["launch_seconds"])

@@ -521,25 +521,71 @@ class Module:
     return total
 
   def kernel_kinds(self) -> dict[str, int]:
-    """The kernels of `kernels()` by what they run: `gemm` (a GEMM fusion
+    """The launches of `kernels()` by what they run: `gemm` (a GEMM fusion
     or call: a dot or scaled-dot inside, or a cuBLAS call), `fp8_quantize`
     (a fusion that converts to an 8-bit float or takes an amax: a max of
     absolute values) and `other`."""
     kinds = {"gemm": 0, "fp8_quantize": 0, "other": 0}
-    for ins in self.entry.instructions:
-      if ins.shape.is_tuple or ins.opcode in _NOT_KERNELS:
-        continue
-      opcodes, dtypes = self._contents(ins)
-      target = (ins.custom_call_target or "").lower()
-      if ({"dot", "scaled-dot"} & opcodes or
-          any(word in target for word in ("gemm", "matmul", "cublas"))):
-        kinds["gemm"] += 1
-      elif (any(is_fp8(d) for d in dtypes) or
-            {"reduce", "abs"} <= opcodes):
-        kinds["fp8_quantize"] += 1
-      else:
-        kinds["other"] += 1
+    for kernel in self.device_kernels():
+      kinds[kernel.kind] += kernel.launches
     return kinds
+
+  def kernels(self) -> int:
+    """Kernel launches of one run of ENTRY (fusions, multi-output fusions,
+    GEMM calls, copies...): a proxy for launches and scheduling freedom
+    where no device times the step. A loop's kernels count once per trip
+    where XLA knows the trip count. Collectives are not counted here
+    (`collectives()`)."""
+    return sum(kernel.launches for kernel in self.device_kernels())
+
+  def device_kernels(self) -> tuple[Kernel, ...]:
+    """Every kernel ENTRY launches, in program order, with the matrix flops
+    it computes and the bytes it reads and writes: through calls, loop
+    bodies (times their known trip count) and every branch of a
+    conditional."""
+    found: list[Kernel] = []
+    self._collect_kernels(self.entry, 1, found, 0)
+    return tuple(found)
+
+  def _collect_kernels(self, computation: Computation, launches: int,
+                       found: list[Kernel], depth: int) -> None:
+    for ins in computation.instructions:
+      if ins.opcode in _NOT_KERNELS or ins.collective_kind is not None or \
+         ins.opcode.endswith("-done") or ins.opcode in _NOT_LAUNCHED:
+        continue
+      if ins.opcode in _CONTROL_FLOW:
+        if depth >= 16:
+          continue
+        times = launches
+        if ins.opcode == "while":
+          trips = _TRIP_COUNT.search(ins.attributes.get("backend_config", ""))
+          times *= int(trips.group(1)) if trips else 1
+        for name in ins.called_computations:
+          if name in self.computations:
+            self._collect_kernels(self.computations[name], times, found,
+                                  depth + 1)
+        continue
+      found.append(self._kernel(computation, ins, launches))
+
+  def _kernel(self, computation: Computation, ins: Instruction,
+              launches: int) -> Kernel:
+    opcodes, dtypes = self._contents(ins)
+    target = (ins.custom_call_target or "").lower()
+    flops: dict[str, int] = {}
+    if ins.opcode == "custom-call":
+      _add_flops(flops, _custom_call_flops(computation, ins))
+    else:
+      for name in ins.calls if ins.opcode == "fusion" else ():
+        self._fused_flops(name, flops, 0)
+      _add_flops(flops, _instruction_flops(computation, ins))
+    if flops or any(word in target for word in _GEMM_TARGET_WORDS):
+      kind = "gemm"
+    elif any(is_fp8(d) for d in dtypes) or {"reduce", "abs"} <= opcodes:
+      kind = "fp8_quantize"
+    else:
+      kind = "other"
+    read, written = self._traffic(computation, ins)
+    return Kernel(ins, kind, flops, read, written, launches)
 
   def _contents(self, ins: Instruction, depth: int = 0
                 ) -> tuple[set[str], set[str]]:
@@ -557,12 +603,271 @@ class Module:
           dtypes |= written
     return opcodes, dtypes
 
-  def kernels(self) -> int:
-    """Instructions of ENTRY that run work on the device (fusions, copies,
-    GEMM calls...): a proxy for launches and scheduling freedom where no
-    device times the step. Only those with an array result count: not a
-    conditional, a call, nor a custom call with a tuple result (a cuBLAS
-    GEMM and its workspace), as in the counts bench/gpu_compile.py
-    publishes."""
-    return sum(not ins.shape.is_tuple and ins.opcode not in _NOT_KERNELS
-               for ins in self.entry.instructions)
+  def _fused_flops(self, name: str, flops: dict[str, int], depth: int) -> None:
+    body = self.computations.get(name)
+    if body is None or depth > 8:
+      return
+    for inner in body.instructions:
+      _add_flops(flops, _instruction_flops(body, inner))
+      for called in inner.calls if inner.opcode == "fusion" else ():
+        self._fused_flops(called, flops, depth + 1)
+
+  def _traffic(self, computation: Computation, ins: Instruction
+               ) -> tuple[int, int]:
+    """Bytes `ins` reads and writes in HBM: each distinct operand once
+    (only the slices of one its fused body reads only through slices;
+    nothing of the buffer an in-place dynamic-update-slice writes into),
+    and its results (a GEMM call's workspace excluded; only the update of
+    an in-place dynamic-update-slice)."""
+    shapes = dict(zip(ins.operands, computation.operand_shapes(ins)))
+    body = (self.computations.get(ins.calls[0])
+            if ins.opcode == "fusion" and ins.calls else None)
+    read_of = _fused_reads(body) if body is not None else {}
+    in_place, update_bytes = (_in_place_updates(body) if body is not None
+                              else (set(), None))
+    read = 0
+    for number, name in enumerate(ins.operands):
+      if name in ins.operands[:number]:
+        continue
+      shape = shapes.get(name)
+      if shape is None:
+        continue
+      if number in in_place:
+        continue
+      read += min(read_of.get(number, shape.nbytes), shape.nbytes)
+    results = ins.shape.arrays()
+    if (ins.opcode == "custom-call" and ins.shape.is_tuple and
+        len(results) > 1 and results[-1].dtype in ("s8", "u8")):
+      results = results[:-1]    # the GEMM's workspace
+    written = (update_bytes if update_bytes is not None else
+               sum(_nbytes(a) for a in results))
+    return read, written
+
+
+# -- kernels and their cost --------------------------------------------------
+
+# What runs no kernel of its own besides _NOT_KERNELS: the halves of async
+# pairs that wait, and ids XLA folds into the kernels that read them.
+_NOT_LAUNCHED = ("after-all", "partition-id", "replica-id", "add-dependency",
+                 "domain")
+# Instructions that run computations rather than a kernel of their own.
+_CONTROL_FLOW = ("while", "conditional", "call", "async-start",
+                 "async-update")
+_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
+_GEMM_TARGET_WORDS = ("gemm", "matmul", "cublas")
+_CONTRACTING = re.compile(r'"lhs_contracting_dimensions"\s*:\s*\[([^\]]*)\]')
+_SLICING = ("slice", "dynamic-slice")
+_PASS_THROUGH = ("bitcast", "reshape")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Kernel:
+  """One kernel the step launches: what it computes and what it moves."""
+  instruction: Instruction
+  kind: str                    # gemm, fp8_quantize or other
+  flops: Mapping[str, int]     # matrix flops by operand class (f8, bf16, f32, f64)
+  bytes_read: int
+  bytes_written: int
+  launches: int = 1            # per run of ENTRY: a loop body's, per trip
+
+  @property
+  def hbm_bytes(self) -> int:
+    return self.bytes_read + self.bytes_written
+
+
+def _nbytes(shape: Shape) -> int:
+  """Bytes of `shape`, 0 for element types of no fixed size (sub-byte)."""
+  try:
+    return shape.nbytes
+  except ValueError:
+    return 0
+
+
+def _add_flops(total: dict[str, int], more: Mapping[str, int]) -> None:
+  for key, value in more.items():
+    total[key] = total.get(key, 0) + value
+
+
+def flops_class(dtype: str | None) -> str:
+  """The peak a matrix operation on `dtype` operands runs at: f8 (8-bit
+  floats and integers), bf16 (bf16 and f16), f32 (as TF32) or f64."""
+  if dtype is None:
+    return "f32"
+  if is_fp8(dtype) or dtype in ("s8", "u8"):
+    return "f8"
+  if dtype in LOW_FLOATS:
+    return "bf16"
+  if dtype in ("f64", "c128"):
+    return "f64"
+  return "f32"
+
+
+def _widest_class(dtypes: Iterable[str | None]) -> str:
+  order = ("f8", "bf16", "f32", "f64")
+  return max((flops_class(d) for d in dtypes), key=order.index,
+             default="f32")
+
+
+def _dims(text: str) -> tuple[int, ...]:
+  return tuple(int(d) for d in re.findall(r"\d+", text))
+
+
+def _instruction_flops(computation: Computation, ins: Instruction
+                       ) -> dict[str, int]:
+  """2 * M * N * K of a dot (K the product of the lhs contracting
+  dimensions) or 2 * outputs * (kernel elements per output feature) of a
+  convolution, by operand class; {} for anything else."""
+  if ins.opcode not in ("dot", "scaled-dot", "convolution"):
+    return {}
+  shapes = computation.operand_shapes(ins)
+  if not shapes or shapes[0] is None or ins.shape.is_tuple:
+    return {}
+  outputs = math.prod(ins.shape.dims)
+  cls = _widest_class(s.dtype for s in shapes[:2] if s is not None)
+  if ins.opcode == "convolution":
+    if len(shapes) < 2 or shapes[1] is None:
+      return {}
+    labels = ins.attributes.get("dim_labels", "")
+    kernel_labels = labels.split("_")[1].split("->")[0] if "_" in labels else ""
+    per_output = math.prod(shapes[1].dims)
+    if "o" in kernel_labels and len(kernel_labels) == len(shapes[1].dims):
+      per_output //= max(shapes[1].dims[kernel_labels.index("o")], 1)
+    return {cls: 2 * outputs * per_output}
+  contracting = _dims(ins.attributes.get("lhs_contracting_dims", ""))
+  k = math.prod(shapes[0].dims[d] for d in contracting
+                if d < len(shapes[0].dims))
+  return {cls: 2 * outputs * k}
+
+
+def _custom_call_flops(computation: Computation, ins: Instruction
+                       ) -> dict[str, int]:
+  """A cuBLAS GEMM call's flops, from its result and the lhs contracting
+  dimensions in its backend config; a cuDNN convolution's as a
+  convolution's."""
+  target = (ins.custom_call_target or "").lower()
+  shapes = computation.operand_shapes(ins)
+  if not shapes or shapes[0] is None:
+    return {}
+  result = ins.shape.arrays()[0] if ins.shape.arrays() else None
+  if result is None:
+    return {}
+  cls = _widest_class(s.dtype for s in shapes[:2] if s is not None)
+  if any(word in target for word in _GEMM_TARGET_WORDS):
+    found = _CONTRACTING.search(ins.attributes.get("backend_config", ""))
+    contracting = _dims(found.group(1)) if found else (len(shapes[0].dims) - 1,)
+    k = math.prod(shapes[0].dims[d] for d in contracting
+                  if d < len(shapes[0].dims))
+    return {cls: 2 * math.prod(result.dims) * k}
+  if "conv" in target and len(shapes) > 1 and shapes[1] is not None:
+    labels = ins.attributes.get("dim_labels", "")
+    kernel_labels = labels.split("_")[1].split("->")[0] if "_" in labels else ""
+    per_output = math.prod(shapes[1].dims)
+    if "o" in kernel_labels and len(kernel_labels) == len(shapes[1].dims):
+      per_output //= max(shapes[1].dims[kernel_labels.index("o")], 1)
+    return {cls: 2 * math.prod(result.dims) * per_output}
+  return {}
+
+
+def _fused_reads(body: Computation) -> dict[int, int]:
+  """Parameter number -> bytes the fused body reads of it, for parameters
+  it reads only through slices (through bitcasts and reshapes): the
+  slices' bytes. Others are read whole."""
+  reads: dict[int, int] = {}
+  for ins in body.instructions:
+    if ins.opcode != "parameter" or ins.parameter_number is None:
+      continue
+    total, pending, whole = 0, [ins], False
+    while pending and not whole:
+      current = pending.pop()
+      for user in body.users.get(current.name, ()):
+        if user.opcode in _SLICING and user.operands[0] == current.name:
+          total += _nbytes(user.shape)
+        elif user.opcode in _PASS_THROUGH:
+          pending.append(user)
+        else:
+          whole = True
+          break
+    if not whole and body.users.get(ins.name):
+      reads[ins.parameter_number] = total
+  return reads
+
+
+def _in_place_updates(body: Computation) -> tuple[set[int], int | None]:
+  """For a fused body whose results are all dynamic-update-slices of its
+  parameters (XLA writes them in place): those parameters' numbers, and
+  the bytes the updates write; (set(), None) otherwise."""
+  root = body.root
+  if root is None:
+    return set(), None
+  outputs = ([body.get(name) for name in root.operands]
+             if root.opcode == "tuple" else [root])
+  params, written = set(), 0
+  for out in outputs:
+    if out is None or out.opcode != "dynamic-update-slice":
+      return set(), None
+    buffer = body.get(out.operands[0])
+    while buffer is not None and buffer.opcode in _PASS_THROUGH:
+      buffer = body.get(buffer.operands[0])
+    update = body.get(out.operands[1])
+    if buffer is None or buffer.opcode != "parameter" or update is None:
+      return set(), None
+    params.add(buffer.parameter_number)
+    written += _nbytes(update.shape)
+  return params, written
+
+
+@dataclasses.dataclass(frozen=True)
+class Roofline:
+  """A target's figures for pricing kernels: peak matrix flops by operand
+  class, achieved HBM bandwidth (peak times efficiency), the interconnect
+  bandwidth per device and direction, and a launch overhead per kernel."""
+  device: str
+  matrix_flops: Mapping[str, float]   # FLOP/s for f8, bf16, f32 (TF32), f64
+  hbm_bytes_per_second: float
+  interconnect_bytes_per_second: float
+  launch_seconds: float
+
+  def kernel_seconds(self, kernel: Kernel) -> float:
+    """max(flops / peak, bytes / bandwidth) + launch, per launch."""
+    compute = sum(count / self.matrix_flops[cls]
+                  for cls, count in kernel.flops.items())
+    memory = kernel.hbm_bytes / self.hbm_bytes_per_second
+    return max(compute, memory) + self.launch_seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  """A step priced kernel by kernel on a roofline: an estimate, not a
+  measurement. Collectives are priced at the interconnect's bandwidth and
+  added, as if nothing overlapped them."""
+  device: str
+  kernels: int
+  compute_seconds: float
+  collective_seconds: float
+  hbm_bytes: int
+  collective_bytes: int
+  flops: Mapping[str, int]
+
+  @property
+  def seconds(self) -> float:
+    return self.compute_seconds + self.collective_seconds
+
+
+def estimate(module: Module, roofline: Roofline) -> Estimate:
+  """The step time of `module` on `roofline`'s device, priced from its
+  optimized HLO (see `Roofline.kernel_seconds`)."""
+  kernels = module.device_kernels()
+  flops: dict[str, int] = {}
+  for kernel in kernels:
+    _add_flops(flops, {k: v * kernel.launches for k, v in kernel.flops.items()})
+  moved = sum(c.nbytes for c in module.collectives())
+  collective_count = len(module.collectives())
+  return Estimate(
+      roofline.device,
+      kernels=sum(k.launches for k in kernels),
+      compute_seconds=sum(roofline.kernel_seconds(k) * k.launches
+                          for k in kernels),
+      collective_seconds=(moved / roofline.interconnect_bytes_per_second +
+                          collective_count * roofline.launch_seconds),
+      hbm_bytes=sum(k.hbm_bytes * k.launches for k in kernels),
+      collective_bytes=moved, flops=flops)
