@@ -152,9 +152,14 @@ def build_ours(model: common.Model, batch, name: str, policy: str,
                donate: bool = True, scaling: str | None = None,
                rounding: str | None = None,
                moments: str | None = None,
-               numerics: str | None = None) -> common.Built:
+               numerics: str | None = None, dot: str | None = None,
+               decisions: str | None = None) -> common.Built:
   amp = _amp()
   options = {"target": target} if target else {}
+  if dot:
+    options["dot_result"] = dot
+  if decisions:
+    options["decisions"] = decisions
   if numerics:
     options["numerics"] = numerics
   if storage:
@@ -350,15 +355,17 @@ _OURS_KEYS = {"storage": ("f32", "compute"), "level": ("O1", "O2", "O3"),
               "params": ("bf16",),
               "rounding": ("nearest", "stochastic", "kahan"),
               "moments": ("bf16", "f8"),
-              "numerics": ("stats", "provenance")}
+              "numerics": ("stats", "provenance"),
+              "dot": ("f32", "compute"), "decisions": ("exact", "gate")}
 
 
 def _ours_options(variant: str) -> dict:
   """`ours-{bf16,f16}[-storage-X][-level-X][-gemm-X][-scaling-X]
-  [-params-bf16][-rounding-X][-moments-bf16][-numerics-X]`: the
-  options of amp.train_step a variant name asks for (`gemm` and `params`
-  go into the policy, `scaling` is `fp8_scaling`, `rounding` is
-  `update_rounding`, `moments` is `opt_state_dtype`)."""
+  [-params-bf16][-rounding-X][-moments-bf16][-numerics-X][-dot-X]
+  [-decisions-X]`: the options of amp.train_step a variant name asks for
+  (`gemm` and `params` go into the policy, `scaling` is `fp8_scaling`,
+  `rounding` is `update_rounding`, `moments` is `opt_state_dtype`, `dot`
+  is `dot_result`)."""
   parts = variant.split("-")[2:]
   options = {}
   while parts:
@@ -647,6 +654,10 @@ def main(argv=None) -> int:
   parser.add_argument("--eval-every", type=int, default=0,
                       help="held-out loss every N steps too: the curve "
                       "(mean ± sd over seeds)")
+  parser.add_argument("--size", default="default", choices=("default",
+                                                             "small"),
+                      help="small: the LM at d_model 128, 2 layers, seq 64 "
+                      "(numerics over many steps and seeds on a busy CPU)")
   parser.add_argument("--lr", type=float,
                       help="Adam's learning rate for every model (default: "
                       "each model's own)")
@@ -671,7 +682,9 @@ def main(argv=None) -> int:
              "seeds": seeds, "donated": donate, "variants": variants,
              "models": {}}
   configs = (common.smoke_configs() if args.smoke else
-             {"lm": common.LMConfig(), "mlp": common.MLPConfig()})
+             {"lm": common.LMConfig(d_model=128, heads=4, layers=2, seq=64)
+              if args.size == "small" else common.LMConfig(),
+              "mlp": common.MLPConfig()})
   if args.lr is not None:
     configs = {name: dataclasses.replace(config,
                                                 learning_rate=args.lr)

@@ -239,6 +239,8 @@ constexpr ReasonInfo kReasons[] = {
     {Reason::KeepF32, "keep_f32", "keep-f32 override"},
     {Reason::DiscreteDecision, "discrete_decision",
      "feeds a discrete decision"},
+    {Reason::GatesDecision, "gates_decision",
+     "the matrix multiply that gates a discrete decision"},
     {Reason::LinearAlgebra, "linear_algebra", "feeds linear algebra"},
     {Reason::Calibration, "calibration", "kept f32 by calibration"},
     {Reason::CpuConvolution, "cpu_convolution",
@@ -483,8 +485,15 @@ llvm::Expected<std::string> canonicalLevel(llvm::StringRef value,
 llvm::Expected<std::string> canonicalTarget(llvm::StringRef value, Target) {
   return canonical(parseTarget(value), targetName);
 }
+/// Empty stays empty: the pass's default follows the compute dtype too,
+/// which only the pass sees (defaultDotResult).
 llvm::Expected<std::string> canonicalDotResult(llvm::StringRef value, Target) {
+  if (value.trim().empty())
+    return std::string();
   return canonical(parseDotResult(value), dotResultName);
+}
+llvm::Expected<std::string> canonicalDecisions(llvm::StringRef value, Target) {
+  return canonical(parseDecisions(value), decisionsName);
 }
 llvm::Expected<std::string> canonicalReduceDtype(llvm::StringRef value,
                                                  Target) {
@@ -582,6 +591,8 @@ const EntryOption kEntryOptions[] = {
     {"storage_min_elements", "amp-insert-converts", "storage-min-elements",
      OptionKind::Int, false, false, false, nullptr, nullptr, /*minimum=*/1},
     {"strict", "amp-insert-converts", "strict", OptionKind::Bool},
+    {"decisions", "amp-insert-converts", "decisions", OptionKind::Choice,
+     false, false, false, canonicalDecisions},
     {"reduce_dtype", "amp-insert-converts", "reduce-dtype",
      OptionKind::Choice, false, false, false, canonicalReduceDtype},
     {"rematerialize", "amp-rematerialize", "", OptionKind::Bool, false, false,
@@ -718,6 +729,7 @@ llvm::json::Object passesJson() {
       {"storage-min-elements", option(convert.storageMinElements)},
       {"strict", option(convert.strict)},
       {"reduce-dtype", option(convert.reduceDtype, reduceDtypeNames())},
+      {"decisions", option(convert.decisions, decisionsNames())},
       {"report", option(convert.report)},
   };
   AmpFp8GemmsPassOptions fp8;

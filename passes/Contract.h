@@ -276,6 +276,7 @@ enum class Reason {
   NotBetweenLowOps,
   KeepF32,
   DiscreteDecision,
+  GatesDecision,
   LinearAlgebra,
   Calibration,
   CpuConvolution,

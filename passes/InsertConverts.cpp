@@ -432,7 +432,8 @@ llvm::Error InsertConvertsPass::parseOptions() {
   if (!levelOr)
     return invalid("level", levelOr.takeError());
   parsed.level = *levelOr;
-  llvm::Expected<DotResult> dotResultOr = parseDotResult(dotResult);
+  llvm::Expected<DotResult> dotResultOr =
+      parseDotResult(dotResult, parsed.target, parsed.policy.compute);
   if (!dotResultOr)
     return invalid("dot-result", dotResultOr.takeError());
   parsed.dotResult = *dotResultOr;
@@ -456,6 +457,10 @@ llvm::Error InsertConvertsPass::parseOptions() {
   if (!reduceOr)
     return invalid("reduce-dtype", reduceOr.takeError());
   parsed.reduceDtype = *reduceOr;
+  llvm::Expected<Decisions> decisionsOr = parseDecisions(decisions);
+  if (!decisionsOr)
+    return invalid("decisions", decisionsOr.takeError());
+  parsed.decisions = *decisionsOr;
   if (storageMinElements < 1)
     return llvm::createStringError(
         "invalid option 'storage-min-elements': must be at least 1, got " +

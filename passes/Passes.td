@@ -190,9 +190,10 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
     Option<"target", "target", "std::string",
            "::mlir::amp::targetName(::mlir::amp::kDefaultTarget).str()",
            "Backend the module runs on: cpu, gpu or tpu">,
-    Option<"dotResult", "dot-result", "std::string",
-           "::mlir::amp::dotResultName(::mlir::amp::kDefaultDotResult).str()",
-           "Result dtype of lowered dot_general/convolution: f32 or compute">,
+    Option<"dotResult", "dot-result", "std::string", "\"\"",
+           "Result dtype of lowered dot_general/convolution: f32 or compute "
+           "(default: compute on gpu and tpu when the compute dtype is bf16, "
+           "else f32)">,
     Option<"storage", "storage", "std::string", "\"\"",
            "Storage of large f32 results: f32 or compute (default: the "
            "target's, see the description)">,
@@ -209,6 +210,11 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
            "Every rounding in a form XLA keeps: low-precision elementwise "
            "results stay f32, rounded by reduce_precision (see the "
            "description)">,
+    Option<"decisions", "decisions", "std::string",
+           "::mlir::amp::decisionsName(::mlir::amp::kDefaultDecisions).str()",
+           "What a discrete decision (top_k, argmax, sort) keeps in f32: "
+           "gate (from the nearest matrix multiply up to the decision) or "
+           "exact (everything upstream: its choices equal f32's)">,
     Option<"reduceDtype", "reduce-dtype", "std::string",
            "::mlir::amp::reduceDtypeName(::mlir::amp::kDefaultReduceDtype).str()",
            "Result dtype of the backward pass's matrix multiplies, whose "

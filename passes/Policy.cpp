@@ -107,6 +107,8 @@ constexpr DotResult kDotResults[] = {DotResult::F32, DotResult::Compute};
 constexpr llvm::StringRef kStorageNames[] = {"f32", "compute"};
 constexpr Storage kStorages[] = {Storage::F32, Storage::Compute};
 constexpr llvm::StringRef kReduceDtypeNames[] = {"f32", "compute"};
+constexpr llvm::StringRef kDecisionsNames[] = {"exact", "gate"};
+constexpr Decisions kDecisions[] = {Decisions::Exact, Decisions::Gate};
 
 } // namespace
 
@@ -358,6 +360,16 @@ llvm::StringRef mlir::amp::targetName(Target target) {
 llvm::StringRef mlir::amp::dotResultName(DotResult dotResult) {
   return kDotResultNames[static_cast<int>(dotResult)];
 }
+llvm::StringRef mlir::amp::decisionsName(Decisions decisions) {
+  return kDecisionsNames[static_cast<int>(decisions)];
+}
+llvm::ArrayRef<llvm::StringRef> mlir::amp::decisionsNames() {
+  return kDecisionsNames;
+}
+llvm::Expected<Decisions> mlir::amp::parseDecisions(llvm::StringRef text) {
+  return parseChoice<Decisions>("decisions", text, kDecisionsNames,
+                                kDecisions);
+}
 llvm::StringRef mlir::amp::storageName(Storage storage) {
   return kStorageNames[static_cast<int>(storage)];
 }
@@ -374,6 +386,22 @@ llvm::Expected<Target> mlir::amp::parseTarget(llvm::StringRef text) {
 llvm::Expected<DotResult> mlir::amp::parseDotResult(llvm::StringRef text) {
   return parseChoice<DotResult>("dot-result", text, kDotResultNames,
                                 kDotResults);
+}
+
+llvm::Expected<DotResult> mlir::amp::parseDotResult(llvm::StringRef text,
+                                                    Target target,
+                                                    Dtype compute) {
+  if (text.trim().empty())
+    return defaultDotResult(target, compute);
+  return parseDotResult(text);
+}
+
+DotResult mlir::amp::defaultDotResult(Target target, Dtype compute) {
+  // An f32 result buys one rounding of a value whose operands were rounded
+  // already, and costs its bytes twice more: written, and read by each
+  // reader (docs/DESIGN.md, "Decisions with a price").
+  return target != Target::Cpu && compute == Dtype::BF16 ? DotResult::Compute
+                                                          : DotResult::F32;
 }
 
 llvm::Expected<Storage> mlir::amp::parseStorage(llvm::StringRef text,

@@ -97,7 +97,12 @@ enum class Target { Cpu, Gpu, Tpu };
 inline constexpr Target kDefaultTarget = Target::Gpu;
 /// The result dtype of a lowered dot_general or convolution.
 enum class DotResult { F32, Compute };
-inline constexpr DotResult kDefaultDotResult = DotResult::F32;
+/// What a discrete decision (top_k, argmax, sort...) keeps in f32: the
+/// whole computation upstream of it (exact: its choices equal f32's), or
+/// the gating computation, from the nearest matrix multiply up to it (gate:
+/// the hidden states that multiply reads stay low precision).
+enum class Decisions { Exact, Gate };
+inline constexpr Decisions kDefaultDecisions = Decisions::Gate;
 /// Where f32 arithmetic keeps its results: in f32, or rounded to the compute
 /// dtype once, right after the producer, when that is safe (see Passes.td).
 enum class Storage { F32, Compute };
@@ -112,18 +117,25 @@ llvm::StringRef targetName(Target target);
 llvm::StringRef dotResultName(DotResult dotResult);
 llvm::StringRef storageName(Storage storage);
 llvm::StringRef reduceDtypeName(ReduceDtype reduce);
+llvm::StringRef decisionsName(Decisions decisions);
 
 llvm::ArrayRef<llvm::StringRef> levelNames();
 llvm::ArrayRef<llvm::StringRef> targetNames();
 llvm::ArrayRef<llvm::StringRef> dotResultNames();
 llvm::ArrayRef<llvm::StringRef> storageNames();
 llvm::ArrayRef<llvm::StringRef> reduceDtypeNames();
+llvm::ArrayRef<llvm::StringRef> decisionsNames();
 
 /// Each parser accepts the canonical names (levels also in lower case) and
 /// names the accepted ones in its error.
 llvm::Expected<Level> parseLevel(llvm::StringRef text);
 llvm::Expected<Target> parseTarget(llvm::StringRef text);
 llvm::Expected<DotResult> parseDotResult(llvm::StringRef text);
+llvm::Expected<Decisions> parseDecisions(llvm::StringRef text);
+/// An empty `text` means the default for `target` and `compute`
+/// (defaultDotResult).
+llvm::Expected<DotResult> parseDotResult(llvm::StringRef text, Target target,
+                                         Dtype compute);
 /// f32 or compute; a float dtype's name also, which must then be f32 or
 /// `compute` (the policy's): reduce-dtype=bf16 under c=f16 is an error.
 llvm::Expected<ReduceDtype> parseReduceDtype(llvm::StringRef text,
@@ -138,6 +150,11 @@ llvm::Expected<Level> parseLevel(llvm::StringRef text, Target target);
 
 /// The storage used when none is asked for. Measured: see Passes.td.
 Storage defaultStorage(Target target);
+/// The dot result used when none is asked for: the compute dtype where a
+/// GEMM rounds its f32 accumulator once as it writes (gpu, tpu) and the
+/// compute dtype has f32's range (bf16); f32 elsewhere (XLA:CPU has no such
+/// GEMM; f16 results can overflow where f32 ones do not).
+DotResult defaultDotResult(Target target, Dtype compute);
 /// The level used when none is asked for. Measured: see Passes.td.
 Level defaultLevel(Target target);
 /// Whether a front end runs amp-rematerialize on a training step when not

@@ -16,6 +16,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 using namespace mlir;
 using namespace mlir::amp;
@@ -242,11 +243,17 @@ void PrecisionAnalysis::keepExactBackFrom(Value start, Reason reason,
     OpDecision &d = at(producer);
     if (d.cls == OpClass::Fixed)
       continue;
+    // decisions=gate: the nearest matrix multiply gates the decision; it
+    // computes in f32 from what it reads, which keeps its own precision.
+    bool gate = reason == Reason::DiscreteDecision &&
+                opts.decisions == Decisions::Gate && d.cls == OpClass::Allow;
     if (!d.forcedHigh && !d.forcedLow) {
       d.forcedHigh = true;
-      d.reason = reason;
+      d.reason = gate ? Reason::GatesDecision : reason;
       d.detail = detail.str();
     }
+    if (gate)
+      continue;
     for (Value operand : producer->getOperands())
       worklist.push_back(operand);
   }
@@ -637,6 +644,30 @@ bool PrecisionAnalysis::mayStoreLow(
   return lastUse - madeAfter >= 1;
 }
 
+/// A value divided by its own sum (softmax's exponential): XLA fuses the
+/// sum and the division with the value's producer into one kernel, which
+/// storing the value would split; the quotient is stored instead.
+bool PrecisionAnalysis::dividedByItsOwnSum(Value value) const {
+  llvm::SmallPtrSet<Operation *, 2> sums;
+  for (Operation *user : value.getUsers())
+    if (shlo::is(user, "reduce") && decision(user).cls == OpClass::Deny)
+      sums.insert(user);
+  if (sums.empty())
+    return false;
+  // The divisor: a sum, through the reshapes and broadcasts of keepdims.
+  auto isSum = [&](Value divisor) {
+    Operation *def = divisor.getDefiningOp();
+    while (def && (shlo::is(def, "broadcast_in_dim") || shlo::is(def, "reshape")))
+      def = def->getOperand(0).getDefiningOp();
+    return def && sums.contains(def);
+  };
+  return llvm::any_of(value.getUses(), [&](OpOperand &use) {
+    Operation *user = use.getOwner();
+    return shlo::is(user, "divide") && use.getOperandNumber() == 0 &&
+           isSum(user->getOperand(1));
+  });
+}
+
 /// Elementwise arithmetic without transcendentals, and data movement.
 bool PrecisionAnalysis::isCheapToRebuild(Operation *op) const {
   const OpDecision &d = decision(op);
@@ -743,7 +774,7 @@ void PrecisionAnalysis::decideStorage() {
       rebuildable.insert(op->result_begin(), op->result_end());
     for (Value result : op->getResults()) {
       if (!isFull(result) || rebuildable.contains(result) ||
-          kinds.normalised.contains(result) ||
+          kinds.normalised.contains(result) || dividedByItsOwnSum(result) ||
           !mayStoreLow(result, statistics, gemmsBefore))
         continue;
       // A GPU or TPU GEMM accumulates in f32 and rounds once as it writes:

@@ -30,7 +30,7 @@ struct PrecisionOptions {
   Policy policy;
   Level level = kDefaultLevel;
   Target target = kDefaultTarget;
-  DotResult dotResult = kDefaultDotResult;
+  DotResult dotResult = DotResult::F32;
   Storage storage = Storage::F32;
   /// Smaller values are never stored low (see Passes.td, storage).
   int64_t storageMinElements = 4096;
@@ -41,6 +41,8 @@ struct PrecisionOptions {
   bool strict = false;
   /// The result dtype of the backward pass's GEMMs (see Passes.td).
   ReduceDtype reduceDtype = kDefaultReduceDtype;
+  /// How much of a discrete decision's cone stays f32 (see Passes.td).
+  Decisions decisions = kDefaultDecisions;
 };
 
 /// The decision for one op.
@@ -133,6 +135,7 @@ private:
   void decideStorage();
   void reduceInComputeDtype(ModuleOp module);
   bool isCheapToRebuild(Operation *op) const;
+  bool dividedByItsOwnSum(Value value) const;
   bool mayStoreLow(Value value, const llvm::DenseSet<Value> &statistics,
                    const llvm::DenseMap<Operation *, int64_t> &gemmsBefore)
       const;

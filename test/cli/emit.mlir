@@ -1,6 +1,6 @@
 // --emit: pretty (default), generic, bytecode.
 
-// RUN: amp-opt %s --target gpu --emit generic -o %t.generic.mlir
+// RUN: amp-opt %s --target gpu --dot-result f32 --emit generic -o %t.generic.mlir
 // RUN: FileCheck %s --check-prefix=GENERIC --input-file %t.generic.mlir
 // GENERIC: "builtin.module"() ({
 // GENERIC: "func.func"() <{function_type = (tensor<8x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>, sym_name = "main", sym_visibility = "public"}> ({
@@ -12,10 +12,10 @@
 
 // Bytecode: MLIR bytecode magic, and reading it back gives the same module
 // as the pretty output.
-// RUN: amp-opt %s --target gpu --emit bytecode -o %t.mlirbc
+// RUN: amp-opt %s --target gpu --dot-result f32 --emit bytecode -o %t.mlirbc
 // RUN: od -A n -c -N 4 %t.mlirbc | FileCheck %s --check-prefix=MAGIC
 // MAGIC: M L 357 R
-// RUN: amp-opt %s --target gpu -o %t.pretty.mlir
+// RUN: amp-opt %s --target gpu --dot-result f32 -o %t.pretty.mlir
 // RUN: amp-opt %t.mlirbc --pass-pipeline='builtin.module()' -o %t.roundtrip.mlir
 // RUN: diff %t.pretty.mlir %t.roundtrip.mlir
 // RUN: FileCheck %s --check-prefix=PRETTY --input-file %t.roundtrip.mlir

@@ -4,15 +4,15 @@
 // bits of each region (amp.nonfinite i32[2, words]) and main lists the
 // regions; a bad value names the accepted ones.
 
-// RUN: amp-opt %s --target gpu --policy p=f32,c=bf16,o=f32 --numerics stats | FileCheck %s
+// RUN: amp-opt %s --target gpu --dot-result f32 --policy p=f32,c=bf16,o=f32 --numerics stats | FileCheck %s
 // CHECK: func.func public @main({{.*}}) -> (tensor<32x16xf32>, tensor<1x2xf32> {amp.gemm_amax}, tensor<1x2x3xi32> {amp.gemm_counts})
 // CHECK: stablehlo.dot_general {{.*}} : (tensor<32x64xbf16>, tensor<64x16xbf16>) -> tensor<32x16xf32>
 
-// RUN: amp-opt %s --target gpu --policy p=f32,c=bf16,o=f32 --numerics provenance | FileCheck %s --check-prefix=PROVENANCE
+// RUN: amp-opt %s --target gpu --dot-result f32 --policy p=f32,c=bf16,o=f32 --numerics provenance | FileCheck %s --check-prefix=PROVENANCE
 // PROVENANCE: func.func public @main({{.*}}) -> (tensor<32x16xf32>, tensor<2x1xi32> {amp.nonfinite}) attributes {amp.nonfinite_regions = [{format = "f32", inputs = [], loc = "", primitives = [], values = 2 : i64}
 // PROVENANCE: stablehlo.dot_general {{.*}} : (tensor<32x64xbf16>, tensor<64x16xbf16>) -> tensor<32x16xf32>
 
-// RUN: amp-opt %s --target gpu --policy p=f32,c=bf16,o=f32 --numerics none | FileCheck %s --check-prefix=NONE
+// RUN: amp-opt %s --target gpu --dot-result f32 --policy p=f32,c=bf16,o=f32 --numerics none | FileCheck %s --check-prefix=NONE
 // NONE: func.func public @main({{.*}}) -> tensor<32x16xf32>
 
 // RUN: not amp-opt %s --numerics stat 2>&1 | FileCheck %s --check-prefix=BAD

@@ -1,6 +1,6 @@
 // --report prints the decisions to standard error; the module goes to -o.
 
-// RUN: amp-opt %s --split-input-file --target gpu --report -o %t.mlir 2>&1 | FileCheck %s
+// RUN: amp-opt %s --split-input-file --target gpu --dot-result f32 --report -o %t.mlir 2>&1 | FileCheck %s
 // RUN: FileCheck %s --check-prefix=MODULE --input-file %t.mlir
 // MODULE: func.func public @mlp
 // MODULE: func.func public @softmax

@@ -62,7 +62,7 @@
 // Decisions: a comparison that picks integers, of a called function's dot
 // result, keeps that dot in f32.
 // CHECK-LABEL: func.func public @decision(
-// CHECK: stablehlo.dot_general %arg0, %arg1, {{.*}}precision = "f32", reason = "discrete_decision"{{.*}} : (tensor<32x64xf32>, tensor<64x16xf32>) -> tensor<32x16xf32>
+// CHECK: stablehlo.dot_general %arg0, %arg1, {{.*}}precision = "f32", reason = "gates_decision"{{.*}} : (tensor<32x64xf32>, tensor<64x16xf32>) -> tensor<32x16xf32>
 // CHECK-NOT: func.func private @logits
 
 // KEPT-LABEL: func.func public @main(

@@ -7,7 +7,7 @@
 // RUN: amp-opt %t/dots.mlir --split-input-file --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8})' | FileCheck %s
 // RUN: amp-opt %t/dots.mlir --split-input-file --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8e5m2})' | FileCheck %s --check-prefix=E5M2
 // RUN: amp-opt %t/dots.mlir --split-input-file --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8 report=true})' --emit generic | FileCheck %s --check-prefix=NOREPORT
-// RUN: amp-opt %t/f32.mlir --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 report=true})' | FileCheck %s --check-prefix=REPORT
+// RUN: amp-opt %t/f32.mlir --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 report=true},amp-fp8-gemms{gemm=f8 report=true})' | FileCheck %s --check-prefix=REPORT
 // RUN: amp-opt %t/main.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8 scaling=delayed amax-history=4})' | FileCheck %s --check-prefix=DELAYED
 // RUN: not amp-opt %t/main.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=bf16})' 2>&1 | FileCheck %s --check-prefix=BADGEMM
 // RUN: not amp-opt %t/main.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{scaling=late})' 2>&1 | FileCheck %s --check-prefix=BADSCALING

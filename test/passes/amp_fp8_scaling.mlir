@@ -11,13 +11,13 @@
 // RUN: amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8 scaling=rowwise})' | FileCheck %s --check-prefix=ROWWISE
 // RUN: amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8 scaling=mxfp8})' | FileCheck %s --check-prefix=MX
 // RUN: amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8 scaling=mxfp8 mx-form=dequantize})' | FileCheck %s --check-prefix=MXDQ
-// RUN: amp-opt %t/f32.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 min-size=886 report=true})' | FileCheck %s --check-prefix=SMALL
-// RUN: amp-opt %t/f32.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 scaling=mxfp8 report=true})' | FileCheck %s --check-prefix=BLOCK48
-// RUN: amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 min-size=886 report=true})' | FileCheck %s --check-prefix=SHARED
-// RUN: amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 min-size=886 scaling=rowwise report=true})' | FileCheck %s --check-prefix=UNSHARED
-// RUN: amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 min-size=886 keep-gemms=0 report=true})' | FileCheck %s --check-prefix=KEPT
-// RUN: not amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu},amp-fp8-gemms{gemm=f8 keep-gemms=4})' 2>&1 | FileCheck %s --check-prefix=BADKEEP
-// RUN: amp-opt %t/sharded.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true},amp-fp8-gemms{gemm=f8 scaling=mxfp8 mx-form=composite report=true})' | FileCheck %s --check-prefix=SHARDED
+// RUN: amp-opt %t/f32.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 report=true},amp-fp8-gemms{gemm=f8 min-size=886 report=true})' | FileCheck %s --check-prefix=SMALL
+// RUN: amp-opt %t/f32.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 report=true},amp-fp8-gemms{gemm=f8 scaling=mxfp8 report=true})' | FileCheck %s --check-prefix=BLOCK48
+// RUN: amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 report=true},amp-fp8-gemms{gemm=f8 min-size=886 report=true})' | FileCheck %s --check-prefix=SHARED
+// RUN: amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 report=true},amp-fp8-gemms{gemm=f8 min-size=886 scaling=rowwise report=true})' | FileCheck %s --check-prefix=UNSHARED
+// RUN: amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 report=true},amp-fp8-gemms{gemm=f8 min-size=886 keep-gemms=0 report=true})' | FileCheck %s --check-prefix=KEPT
+// RUN: not amp-opt %t/shared.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32},amp-fp8-gemms{gemm=f8 keep-gemms=4})' 2>&1 | FileCheck %s --check-prefix=BADKEEP
+// RUN: amp-opt %t/sharded.mlir --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 report=true},amp-fp8-gemms{gemm=f8 scaling=mxfp8 mx-form=composite report=true})' | FileCheck %s --check-prefix=SHARDED
 // RUN: not amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{min-size=-1})' 2>&1 | FileCheck %s --check-prefix=BADSIZE
 // RUN: not amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{scaling=mxfp8 mx-form=cudnn})' 2>&1 | FileCheck %s --check-prefix=BADFORM
 // RUN: not amp-opt %t/dot.mlir --pass-pipeline='builtin.module(amp-fp8-gemms{gemm=f8e5m2 scaling=mxfp8})' 2>&1 | FileCheck %s --check-prefix=BADMX

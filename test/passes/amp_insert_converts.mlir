@@ -2,14 +2,21 @@
 // pipeline; jaxlib verifies the result). The default pipeline, with
 // amp-simplify-converts, is tested in test/pipeline/amp_opt.mlir.
 //
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu})' | FileCheck %s
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu storage=f32})' | FileCheck %s --check-prefix=STORE-F32
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32})' | FileCheck %s
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 storage=f32})' | FileCheck %s --check-prefix=STORE-F32
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=cpu})' | FileCheck %s --check-prefix=CPU
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true})' | FileCheck %s --check-prefix=REPORT
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu keep-groups=0})' | FileCheck %s --check-prefix=GROUPS
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu level=O3 strict=true})' | FileCheck %s --check-prefix=STRICT
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu storage-min-elements=8192})' | FileCheck %s --check-prefix=MIN-AT
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu storage-min-elements=8193})' | FileCheck %s --check-prefix=MIN-ABOVE
+// The defaults of dot-result and decisions (the RUN lines above pin
+// dot-result=f32, whose checks come first in this file):
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu})' | FileCheck %s --check-prefix=GATE
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu decisions=exact})' | FileCheck %s --check-prefix=EXACT
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu policy=p=f32,c=f16,o=f32})' | FileCheck %s --check-prefix=F16
+// RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{decisions=route})' 2>&1 | FileCheck %s --check-prefix=BADDECISIONS
+// BADDECISIONS: invalid option 'decisions': unknown decisions 'route' (accepted: exact, gate)
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 report=true})' | FileCheck %s --check-prefix=REPORT
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 keep-groups=0})' | FileCheck %s --check-prefix=GROUPS
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 level=O3 strict=true})' | FileCheck %s --check-prefix=STRICT
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 storage-min-elements=8192})' | FileCheck %s --check-prefix=MIN-AT
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 storage-min-elements=8193})' | FileCheck %s --check-prefix=MIN-ABOVE
 // RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{storage-min-elements=0})' 2>&1 | FileCheck %s --check-prefix=MIN-BAD
 // MIN-BAD: error: invalid option 'storage-min-elements': must be at least 1, got 0
 //
@@ -166,7 +173,7 @@ func.func public @rounded_data_centred_stored(%x: tensor<64x64xf32>, %w1: tensor
 // CHECK: chlo.top_k
 
 // REPORT-LABEL: func.func public @top_k(
-// REPORT: stablehlo.dot_general {{.*}}amp.decision = {detail = "top_k", group = 0 : i64, precision = "f32", reason = "discrete_decision"}
+// REPORT: stablehlo.dot_general {{.*}}amp.decision = {detail = "top_k", group = 0 : i64, precision = "f32", reason = "gates_decision"}
 func.func public @top_k(%x: tensor<16x32xf32>, %wr: tensor<32x8xf32>) -> (tensor<16x2xf32>, tensor<16x2xi32>) {
   %0 = stablehlo.dot_general %x, %wr, contracting_dims = [1] x [0] : (tensor<16x32xf32>, tensor<32x8xf32>) -> tensor<16x8xf32>
   %values, %indices = chlo.top_k(%0, k = 2) : tensor<16x8xf32> -> (tensor<16x2xf32>, tensor<16x2xi32>)
@@ -185,7 +192,7 @@ func.func public @top_k(%x: tensor<16x32xf32>, %wr: tensor<32x8xf32>) -> (tensor
 // CHECK-NOT: func.func private @argmax
 
 // REPORT-LABEL: func.func public @argmax_in_a_call(
-// REPORT: stablehlo.dot_general {{.*}}amp.decision = {detail = "argmax/argmin", group = 0 : i64, precision = "f32", reason = "discrete_decision"}
+// REPORT: stablehlo.dot_general {{.*}}amp.decision = {detail = "argmax/argmin", group = 0 : i64, precision = "f32", reason = "gates_decision"}
 func.func public @argmax_in_a_call(%x: tensor<16x32xf32>, %w: tensor<32x8xf32>) -> tensor<16xi32> {
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<16x32xf32>, tensor<32x8xf32>) -> tensor<16x8xf32>
   %1 = call @argmax(%0) : (tensor<16x8xf32>) -> tensor<16xi32>
@@ -329,4 +336,38 @@ func.func public @strict(%x: tensor<64x128xf32>, %y: tensor<64x128xf32>, %w: ten
   %2 = stablehlo.tanh %1 : tensor<128x64xf32>
   %3 = stablehlo.dot_general %2, %x, contracting_dims = [1] x [0] : (tensor<128x64xf32>, tensor<64x128xf32>) -> tensor<128x128xf32>
   return %3 : tensor<128x128xf32>
+}
+
+// -----
+
+// The defaults on gpu: a GEMM accumulates in f32 and rounds once as it
+// writes, so a bf16 policy's GEMMs write bf16 (dot-result=compute) and
+// their f32 readers widen it. f16 keeps f32 results: f16 has less range
+// than f32 (the F16 prefix); so does cpu (the CPU prefix, which has no such
+// GEMM).
+// decisions=gate (the default) keeps the gating computation of a discrete
+// decision f32: the router's matrix multiply and what follows it up to
+// top_k, not what the router reads (here the tanh of another GEMM's
+// result). decisions=exact keeps everything upstream f32 too, so the
+// choices equal f32's.
+
+// GATE-LABEL: func.func public @router(
+// GATE: %[[H:.*]] = stablehlo.dot_general {{.*}} : (tensor<16x64xbf16>, tensor<64x32xbf16>) -> tensor<16x32xbf16>
+// GATE: stablehlo.dot_general {{.*}} : (tensor<16x32xf32>, tensor<32x8xf32>) -> tensor<16x8xf32>
+// GATE: chlo.top_k
+
+// EXACT-LABEL: func.func public @router(
+// EXACT-NOT: bf16
+// EXACT: stablehlo.dot_general %arg0, %arg1, {{.*}} : (tensor<16x64xf32>, tensor<64x32xf32>) -> tensor<16x32xf32>
+// EXACT-NOT: bf16
+// EXACT: chlo.top_k
+
+// F16-LABEL: func.func public @router(
+// F16: stablehlo.dot_general {{.*}} : (tensor<16x64xf16>, tensor<64x32xf16>) -> tensor<16x32xf32>
+func.func public @router(%x: tensor<16x64xf32>, %w: tensor<64x32xf32>, %wr: tensor<32x8xf32>) -> (tensor<16x2xf32>, tensor<16x2xi32>) {
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<16x64xf32>, tensor<64x32xf32>) -> tensor<16x32xf32>
+  %1 = stablehlo.tanh %0 : tensor<16x32xf32>
+  %2 = stablehlo.dot_general %1, %wr, contracting_dims = [1] x [0] : (tensor<16x32xf32>, tensor<32x8xf32>) -> tensor<16x8xf32>
+  %values, %indices = chlo.top_k(%2, k = 2) : tensor<16x8xf32> -> (tensor<16x2xf32>, tensor<16x2xi32>)
+  return %values, %indices : tensor<16x2xf32>, tensor<16x2xi32>
 }

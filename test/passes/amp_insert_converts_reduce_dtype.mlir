@@ -4,18 +4,19 @@
 // their contraction (a weight gradient summed over a batch split across
 // devices). f32 by default; compute (or the compute dtype by its name)
 // makes the GEMM write the compute dtype, converted back where f32 readers
-// need it. Forward matrix multiplies keep their f32 results either way.
+// need it. Forward matrix multiplies keep their f32 results either way
+// (with dot-result=f32; on gpu bf16 GEMMs write bf16 by default).
 //
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu})' | FileCheck %s --check-prefix=F32
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu reduce-dtype=compute})' | FileCheck %s --check-prefix=COMPUTE
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu reduce-dtype=bfloat16})' | FileCheck %s --check-prefix=COMPUTE
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32})' | FileCheck %s --check-prefix=F32
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 reduce-dtype=compute})' | FileCheck %s --check-prefix=COMPUTE
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 reduce-dtype=bfloat16})' | FileCheck %s --check-prefix=COMPUTE
 // On cpu the weight gradient, made in bf16, is no mixed dot: it keeps its
 // form (XLA:CPU runs it upcast), where the forward GEMM takes the
 // NT-canonical one.
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=cpu reduce-dtype=bf16})' | FileCheck %s --check-prefix=CPU
 // An FP8 GEMM of the backward pass writes the compute dtype too, its
 // scales multiplied there.
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu reduce-dtype=compute policy=p=f32,c=bf16,o=f32,gemm=f8},amp-fp8-gemms{gemm=f8})' | FileCheck %s --check-prefix=FP8
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 reduce-dtype=compute policy=p=f32,c=bf16,o=f32,gemm=f8},amp-fp8-gemms{gemm=f8})' | FileCheck %s --check-prefix=FP8
 // RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{reduce-dtype=f64})' 2>&1 | FileCheck %s --check-prefix=BAD-F64
 // RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{reduce-dtype=int8})' 2>&1 | FileCheck %s --check-prefix=BAD-INT
 // RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{reduce-dtype=f16})' 2>&1 | FileCheck %s --check-prefix=BAD-F16

@@ -3,25 +3,27 @@
 // tested in test/passes. Default policy p=f32,c=bf16,o=f32 on gpu; each
 // other option has its own RUN line and prefix.
 //
-// RUN: amp-opt %s --split-input-file --target gpu --policy p=f32,c=bf16,o=f32 | FileCheck %s
+// RUN: amp-opt %s --split-input-file --target gpu --dot-result f32 --policy p=f32,c=bf16,o=f32 | FileCheck %s
 // RUN: amp-opt %s --split-input-file --target cpu --level O2 --policy p=f32,c=bf16,o=f32 | FileCheck %s --check-prefix=CPU
 // The cpu target's default level is O1 (XLA:CPU computes low-precision
 // elementwise arithmetic in f32 anyway): dots only.
 // RUN: amp-opt %s --split-input-file --target cpu --policy p=f32,c=bf16,o=f32 | FileCheck %s --check-prefix=CPU-O1
-// RUN: amp-opt %s --split-input-file --target gpu --level O1 | FileCheck %s --check-prefix=O1
-// RUN: amp-opt %s --split-input-file --target gpu --level O3 | FileCheck %s --check-prefix=O3
+// RUN: amp-opt %s --split-input-file --target gpu --dot-result f32 --level O1 | FileCheck %s --check-prefix=O1
+// RUN: amp-opt %s --split-input-file --target gpu --dot-result f32 --level O3 | FileCheck %s --check-prefix=O3
 // RUN: amp-opt %s --split-input-file --target gpu --dot-result compute | FileCheck %s --check-prefix=DOTC
-// RUN: amp-opt %s --split-input-file --target gpu --keep-f32 tanh | FileCheck %s --check-prefix=KEEP
-// RUN: amp-opt %s --split-input-file --target gpu --force-compute exponential | FileCheck %s --check-prefix=FORCE
-// RUN: amp-opt %s --split-input-file --target gpu --policy p=bf16,c=bf16,o=bf16 | FileCheck %s --check-prefix=BF16
-// RUN: amp-opt %s --split-input-file --target gpu --policy p=f32,c=f16,o=f32 | FileCheck %s --check-prefix=F16
+// On gpu a bf16 policy's GEMMs write bf16 by default: the same as DOTC.
+// RUN: amp-opt %s --split-input-file --target gpu | FileCheck %s --check-prefix=DOTC
+// RUN: amp-opt %s --split-input-file --target gpu --dot-result f32 --keep-f32 tanh | FileCheck %s --check-prefix=KEEP
+// RUN: amp-opt %s --split-input-file --target gpu --dot-result f32 --force-compute exponential | FileCheck %s --check-prefix=FORCE
+// RUN: amp-opt %s --split-input-file --target gpu --dot-result f32 --policy p=bf16,c=bf16,o=bf16 | FileCheck %s --check-prefix=BF16
+// RUN: amp-opt %s --split-input-file --target gpu --dot-result f32 --policy p=f32,c=f16,o=f32 | FileCheck %s --check-prefix=F16
 //
 // --level O0 changes nothing: its output is the input as jaxlib prints it
 // (an empty pipeline), converts in the input included (@explicit_round_trip).
 // O0 is the identity: not even amp-simplify-converts runs, so the round trip
 // in @explicit_round_trip survives.
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module()' -o %t.input.mlir
-// RUN: amp-opt %s --split-input-file --target gpu --level O0 -o %t.o0.mlir
+// RUN: amp-opt %s --split-input-file --target gpu --dot-result f32 --level O0 -o %t.o0.mlir
 // RUN: diff %t.input.mlir %t.o0.mlir
 
 // Plain matmul: operands converted once each, f32 accumulation.

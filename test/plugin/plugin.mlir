@@ -2,7 +2,7 @@
 // StableHLO (unregistered ops), as jaxlib prints it with
 // print_generic_op_form=True.
 
-// RUN: mlir-opt %s --load-pass-plugin=%amp_plugin --allow-unregistered-dialect --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{policy=p=f32,c=bf16,o=f32 target=gpu})' | FileCheck %s
+// RUN: mlir-opt %s --load-pass-plugin=%amp_plugin --allow-unregistered-dialect --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{policy=p=f32,c=bf16,o=f32 target=gpu dot-result=f32})' | FileCheck %s
 // RUN: mlir-opt %s --load-pass-plugin=%amp_plugin --allow-unregistered-dialect --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{policy=p=f32,c=bf16,o=f32 target=cpu})' | FileCheck %s --check-prefix=CPU
 // RUN: mlir-opt %s --load-pass-plugin=%amp_plugin --allow-unregistered-dialect --split-input-file --pass-pipeline='builtin.module(amp-simplify-converts)' | FileCheck %s --check-prefix=SIMPLIFY
 
@@ -13,6 +13,11 @@
 // BADTARGET: plugin.mlir:{{[0-9]+}}:{{[0-9]+}}: error: invalid option 'target': unknown target 'xpu' (accepted: cpu, gpu, tpu)
 // RUN: not mlir-opt %s --load-pass-plugin=%amp_plugin --allow-unregistered-dialect --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{level=O9})' 2>&1 | FileCheck %s --check-prefix=BADLEVEL
 // BADLEVEL: plugin.mlir:{{[0-9]+}}:{{[0-9]+}}: error: invalid option 'level': unknown level 'O9' (accepted: O0, O1, O2, O3)
+// RUN: not mlir-opt %s --load-pass-plugin=%amp_plugin --allow-unregistered-dialect --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{decisions=route})' 2>&1 | FileCheck %s --check-prefix=BADDECISIONS
+// BADDECISIONS: plugin.mlir:{{[0-9]+}}:{{[0-9]+}}: error: invalid option 'decisions': unknown decisions 'route' (accepted: exact, gate)
+// The default on gpu, through the plugin too: a bf16 GEMM writes bf16.
+// RUN: mlir-opt %s --load-pass-plugin=%amp_plugin --allow-unregistered-dialect --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{policy=p=f32,c=bf16,o=f32 target=gpu decisions=exact})' | FileCheck %s --check-prefix=DEFAULT-DOT
+// DEFAULT-DOT: "stablehlo.dot_general"({{.*}}) {{.*}}: (tensor<4x8xbf16>, tensor<8x8xbf16>) -> tensor<4x8xbf16>
 
 // CHECK-LABEL: module @jit_f attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32}
 // CHECK-NEXT: func.func public @main(%[[W:[^:]*]]: tensor<8x8xf32>, %[[X:[^:]*]]: tensor<4x8xf32>) -> (tensor<4x8xf32> {jax.result_info = "result"})

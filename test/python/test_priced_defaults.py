@@ -1,0 +1,113 @@
+"""The defaults chosen by what they cost on the target (docs/results.md,
+"Estimated step time"): GEMM results in the compute dtype where f32 buys
+nothing, and discrete decisions that keep only their gate in f32."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import stablehlo_amp as amp
+from stablehlo_amp._src import cli
+
+BF16 = "p=f32,c=bf16,o=f32"
+F16 = "p=f32,c=f16,o=f32"
+
+
+def _dot_results(text: str) -> list[str]:
+  """The result element type of each dot_general in the pretty module."""
+  return re.findall(r"stablehlo\.dot_general .*-> tensor<[0-9x]*x?(\w+)>",
+                    text)
+
+
+def _mlp(w1, w2, x):
+  return jnp.tanh(x @ w1) @ w2 + x.sum()
+
+
+MLP_ARGS = (jnp.ones((64, 64)) / 8, jnp.ones((64, 32)) / 8,
+            jnp.ones((16, 64)))
+
+
+@pytest.mark.parametrize("target, policy, expected", [
+    ("gpu", BF16, "bf16"), ("tpu", BF16, "bf16"),
+    ("gpu", F16, "f32"), ("cpu", BF16, "f32")])
+def test_gemm_results_default_to_the_compute_dtype_where_f32_buys_nothing(
+    target, policy, expected):
+  text = amp.transform(_mlp, policy, target=target).lower(*MLP_ARGS).as_text()
+  assert _dot_results(text) == [expected, expected], text
+  # Asked for, f32 results stay.
+  pinned = amp.transform(_mlp, policy, target=target,
+                         dot_result="f32").lower(*MLP_ARGS).as_text()
+  assert _dot_results(pinned) == ["f32", "f32"]
+
+
+def test_a_bf16_gemm_result_costs_one_rounding():
+  # Made in bf16 the result is the f32 result rounded once: on XLA:CPU
+  # (which upcasts the GEMM) the two differ by at most half a bf16 ulp.
+  f = amp.transform(_mlp, BF16, target="cpu", level="O2",
+                    dot_result="compute")
+  g = amp.transform(_mlp, BF16, target="cpu", level="O2", dot_result="f32")
+  x = jax.random.normal(jax.random.key(0), (16, 64))
+  w1 = jax.random.normal(jax.random.key(1), (64, 64)) / 8
+  w2 = jax.random.normal(jax.random.key(2), (64, 32)) / 8
+  np.testing.assert_allclose(f(w1, w2, x), g(w1, w2, x), rtol=2e-2,
+                             atol=2e-2)
+
+
+def _router(hidden, w, wr):
+  """A toy MoE gate: a GEMM makes the hidden state, a router GEMM scores
+  experts, top-2 decides."""
+  h = jnp.tanh(hidden @ w)
+  return jax.lax.top_k(h @ wr, 2)[1]
+
+
+def _router_args():
+  keys = jax.random.split(jax.random.key(3), 3)
+  return (jax.random.normal(keys[0], (256, 64)),
+          jax.random.normal(keys[1], (64, 64)) / 8,
+          jax.random.normal(keys[2], (64, 8)))
+
+
+def test_decisions_gate_keeps_the_router_f32_and_the_hidden_state_low():
+  args = _router_args()
+  report = amp.transform(_router, BF16, target="gpu").lower(*args).report()
+  reasons = sorted(d.reason_id for d in report.decisions
+                   if d.op.endswith("dot_general"))
+  assert reasons == ["gates_decision", "matrix_multiply_compute"], str(report)
+  assert ("the matrix multiply that gates a discrete decision (top_k)"
+          in str(report)), str(report)
+  text = amp.transform(_router, BF16, target="gpu").lower(*args).as_text()
+  assert re.search(r"dot_general .*\(tensor<256x64xbf16>, tensor<64x64xbf16>\)",
+                   text), text
+  assert re.search(r"dot_general .*\(tensor<256x64xf32>, tensor<64x8xf32>\) "
+                   r"-> tensor<256x8xf32>", text), text
+
+
+def test_decisions_exact_keeps_everything_upstream_and_routes_equal_f32s():
+  args = _router_args()
+  exact = amp.transform(_router, BF16, target="cpu", level="O2",
+                        decisions="exact")
+  text = exact.lower(*args).as_text()
+  assert "bf16" not in text, text
+  np.testing.assert_array_equal(exact(*args), jax.jit(_router)(*args))
+  # The gate alone agrees on most routes of this toy (the hidden state is
+  # rounded to bf16 before the f32 router reads it).
+  gate = amp.transform(_router, BF16, target="cpu", level="O2")
+  agree = np.mean(np.asarray(gate(*args)) == np.asarray(jax.jit(_router)(
+      *args)))
+  assert agree >= 0.95, agree
+
+
+def test_an_unknown_decisions_value_names_the_accepted_ones():
+  with pytest.raises(ValueError, match=r"unknown decisions 'route' "
+                     r"\(accepted: exact, gate\)"):
+    amp.transform(_router, BF16, decisions="route").lower(*_router_args())
+  with pytest.raises(ValueError, match=r"accepted: exact, gate"):
+    amp.train_step(lambda p, b: (b @ p).sum(), optax.sgd(0.1), BF16,
+                   decisions="route")
+  assert cli.main(["-", "--decisions", "route"]) == 2
