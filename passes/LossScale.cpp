@@ -461,7 +461,11 @@ void LossScalePass::runOnOperation() {
     keep = shlo::buildElementwise(builder, step->main.getLoc(), "and",
                                   {keep, stateFinite});
   }
-  keepOldStateUnlessFinite(*step, keep);
+  // Without a loss scale the step only checks its gradients: skipping
+  // costs a check of every gradient before any update may be written, and
+  // buys nothing f32 would not need (check-state asks for it).
+  if (config.mode != LossScaleMode::None || checkState)
+    keepOldStateUnlessFinite(*step, keep);
   if (failed(appendResults(*step, *state, *finite, stateFinite)))
     return signalPassFailure();
 }

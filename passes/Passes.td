@@ -614,7 +614,8 @@ def AmpLossScalePass : Pass<"amp-loss-scale", "::mlir::ModuleOp"> {
       counter are appended as results (`amp.loss_scale`,
       `amp.loss_scale_counter`).
     `mode=static` scales by the given argument without updating it;
-    `mode=none` adds no scale argument and only checks and skips.
+    `mode=none` adds no scale argument and only checks: it keeps the old
+    state only with `check-state=true`.
     With `check-state=true` a step is also skipped when a float value of
     its new state is not finite (finite gradients can still make it so:
     an update that overflows a bf16 parameter, a division by a zero

@@ -13,6 +13,8 @@
 // RUN: amp-opt %t/indices.mlir --pass-pipeline='builtin.module(amp-loss-scale{seed-arg=2 gradient-results=0,1 state-results=2:0})' | FileCheck %s --check-prefix=IDX
 //
 // RUN: amp-opt %t/check_state.mlir --pass-pipeline='builtin.module(amp-loss-scale{mode=dynamic check-state=true})' | FileCheck %s --check-prefix=STATECHECK
+// RUN: amp-opt %t/check_state.mlir --pass-pipeline='builtin.module(amp-loss-scale{mode=none})' | FileCheck %s --check-prefix=NONE-STATE
+// RUN: amp-opt %t/check_state.mlir --pass-pipeline='builtin.module(amp-loss-scale{mode=none check-state=true})' | FileCheck %s --check-prefix=NONE-SKIP
 // RUN: not amp-opt %t/no_seed.mlir --pass-pipeline='builtin.module(amp-loss-scale)' 2>&1 | FileCheck %s --check-prefix=ERR-SEED
 // RUN: not amp-opt %t/no_gradients.mlir --pass-pipeline='builtin.module(amp-loss-scale)' 2>&1 | FileCheck %s --check-prefix=ERR-GRAD
 // RUN: not amp-opt %t/no_gradients.mlir --pass-pipeline='builtin.module(amp-loss-scale{mode=none})' 2>&1 | FileCheck %s --check-prefix=ERR-GRAD
@@ -379,6 +381,18 @@ module @no_seed {
 // STATECHECK: %[[SN:.*]] = stablehlo.select %[[KEEP]], %{{.*}}, %[[N]] : tensor<i1>, tensor<i32>
 // STATECHECK: %[[SCALE:.*]] = stablehlo.select %[[GRADS]],
 // STATECHECK: return %{{[^,]*}}, %[[SW]], %[[SN]], %[[GRADS]], %[[SCALE]], %{{[^,]*}}, %[[STATE]] :
+// mode=none: without a loss scale the step checks its gradients and skips
+// nothing (the new state is returned as made); check-state=true skips a
+// step whose gradients or new state are not finite.
+// NONE-STATE: func.func public @main(%[[W:[^:]*]]: tensor<8xf32>, %[[N:[^:]*]]: tensor<i32>, %{{[^:]*}}: tensor<f32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<i32>, tensor<i1> {amp.grads_finite})
+// NONE-STATE: %[[NW:.*]] = stablehlo.divide %[[W]], %{{.*}} : tensor<8xf32>
+// NONE-STATE: %[[GRADS:.*]] = stablehlo.reduce
+// NONE-STATE-NOT: stablehlo.select
+// NONE-STATE: return %{{[^,]*}}, %[[NW]], %{{[^,]*}}, %[[GRADS]] :
+// NONE-SKIP: %[[NW:.*]] = stablehlo.divide
+// NONE-SKIP: %[[KEEP:.*]] = stablehlo.and
+// NONE-SKIP: %[[SW:.*]] = stablehlo.select %[[KEEP]], %[[NW]],
+// NONE-SKIP: return %{{[^,]*}}, %[[SW]],
 module @check_state {
   func.func public @main(%w: tensor<8xf32>, %n: tensor<i32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<8xf32> {amp.gradient}, tensor<8xf32> {amp.state_of = 0 : i64}, tensor<i32> {amp.state_of = 1 : i64}) {
     %b = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<8xf32>

@@ -1,6 +1,7 @@
 """The defaults chosen by what they cost on the target (docs/results.md,
 "Estimated step time"): GEMM results in the compute dtype where f32 buys
-nothing, and discrete decisions that keep only their gate in f32."""
+nothing, discrete decisions that keep only their gate in f32, and no skip
+of a step without a loss scale."""
 
 from __future__ import annotations
 
@@ -111,3 +112,30 @@ def test_an_unknown_decisions_value_names_the_accepted_ones():
     amp.train_step(lambda p, b: (b @ p).sum(), optax.sgd(0.1), BF16,
                    decisions="route")
   assert cli.main(["-", "--decisions", "route"]) == 2
+
+
+def _nan_grad_loss(params, batch):
+  # sqrt(x) at x = 0 has an infinite derivative: the gradient of w is NaN
+  # while the loss is finite.
+  return jnp.sqrt(jnp.abs(batch @ params["w"] - 1.0)).sum()
+
+
+def test_without_a_loss_scale_a_step_checks_but_skips_nothing():
+  params = {"w": jnp.ones((4, 2))}
+  batch = jnp.full((3, 4), 0.25)          # batch @ w == 1: sqrt'(0)
+  step = amp.train_step(_nan_grad_loss, optax.sgd(0.1), BF16, target="cpu")
+  state, metrics = step(step.init(params), batch)
+  assert not bool(metrics["grads_finite"])
+  assert int(metrics["skipped_steps"]) == 0
+  assert not np.isfinite(np.asarray(state.params["w"])).all()
+  # skip_nonfinite asks for the skip: the old parameters stay.
+  skipping = amp.train_step(_nan_grad_loss, optax.sgd(0.1), BF16,
+                            target="cpu", skip_nonfinite=True)
+  state, metrics = skipping(skipping.init(params), batch)
+  assert int(metrics["skipped_steps"]) == 1
+  np.testing.assert_array_equal(state.params["w"], params["w"])
+  # A loss scale (f16's default) skips as before.
+  scaled = amp.train_step(_nan_grad_loss, optax.sgd(0.1), F16, target="cpu")
+  state, metrics = scaled(scaled.init(params), batch)
+  assert int(metrics["skipped_steps"]) == 1
+  np.testing.assert_array_equal(state.params["w"], params["w"])

@@ -712,9 +712,12 @@ class TrainStep(_LossScaledProgram):
         contract.attribute("state_finite"))]
                     if self._options.skip_nonfinite else None)
     kept = finite if state_finite is None else finite & state_finite
-    state = state._replace(skipped_steps=state.skipped_steps + jnp.where(
-        kept, 0, 1).astype(jnp.int32))
-    self._watch.watch(kept, loss, state.loss_scale, state.skipped_steps)
+    # Without a loss scale the program skips nothing unless skip_nonfinite
+    # asks (amp-loss-scale keeps the old state only then).
+    if fields["loss_scale"].mode != "none" or state_finite is not None:
+      state = state._replace(skipped_steps=state.skipped_steps + jnp.where(
+          kept, 0, 1).astype(jnp.int32))
+      self._watch.watch(kept, loss, state.loss_scale, state.skipped_steps)
     metrics = {"loss": loss, "grads_finite": finite,
                "loss_scale": jnp.asarray(state.loss_scale.loss_scale,
                                          jnp.float32),
@@ -744,8 +747,13 @@ def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
   or, with ``has_aux=True``, ``(loss, (new_model_state, aux))``.
 
   Gradient transformations in `optimizer` (clipping in an optax chain) see
-  unscaled gradients. An overflowed step leaves parameters, optimizer state
-  and model state bit-identical and counts in ``metrics["skipped_steps"]``.
+  unscaled gradients. With a loss scale, an overflowed step leaves
+  parameters, optimizer state and model state bit-identical and counts in
+  ``metrics["skipped_steps"]``. Without one (`NoOpLossScale`, the default
+  for bf16) the step checks its gradients (``metrics["grads_finite"]``)
+  but skips nothing, as a plain JAX step: a skip would hold every update
+  until all gradients are checked. ``skip_nonfinite=True`` skips a step
+  whose gradients or new state are not finite.
   Non-float leaves of `params` (integer counters) pass through unchanged:
   the optimizer sees None in their place (as with `eqx.filter`), so they
   have no optimizer state; the new model state must have the structure,
