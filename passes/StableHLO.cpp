@@ -531,7 +531,9 @@ DenseElementsAttr convertElements(DenseElementsAttr attr, FloatType target,
     bool overflowed = (converted.isInfinity() && !value.isInfinity()) ||
                       (converted.isNaN() && !value.isNaN());
     if (overflowed) {
-      if (saturated)
+      // finfo(dtype).min/max (an attention mask's fill) stays the largest
+      // finite value: its meaning, not a saturation to warn about.
+      if (saturated && !value.isLargest())
         *saturated = true;
       converted = largest;
       if (value.isNegative())
