@@ -16,7 +16,6 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinTypes.h"
-#include "llvm/ADT/SmallPtrSet.h"
 
 using namespace mlir;
 using namespace mlir::amp;
@@ -644,30 +643,6 @@ bool PrecisionAnalysis::mayStoreLow(
   return lastUse - madeAfter >= 1;
 }
 
-/// A value divided by its own sum (softmax's exponential): XLA fuses the
-/// sum and the division with the value's producer into one kernel, which
-/// storing the value would split; the quotient is stored instead.
-bool PrecisionAnalysis::dividedByItsOwnSum(Value value) const {
-  llvm::SmallPtrSet<Operation *, 2> sums;
-  for (Operation *user : value.getUsers())
-    if (shlo::is(user, "reduce") && decision(user).cls == OpClass::Deny)
-      sums.insert(user);
-  if (sums.empty())
-    return false;
-  // The divisor: a sum, through the reshapes and broadcasts of keepdims.
-  auto isSum = [&](Value divisor) {
-    Operation *def = divisor.getDefiningOp();
-    while (def && (shlo::is(def, "broadcast_in_dim") || shlo::is(def, "reshape")))
-      def = def->getOperand(0).getDefiningOp();
-    return def && sums.contains(def);
-  };
-  return llvm::any_of(value.getUses(), [&](OpOperand &use) {
-    Operation *user = use.getOwner();
-    return shlo::is(user, "divide") && use.getOperandNumber() == 0 &&
-           isSum(user->getOperand(1));
-  });
-}
-
 /// Elementwise arithmetic without transcendentals, and data movement.
 bool PrecisionAnalysis::isCheapToRebuild(Operation *op) const {
   const OpDecision &d = decision(op);
@@ -774,7 +749,7 @@ void PrecisionAnalysis::decideStorage() {
       rebuildable.insert(op->result_begin(), op->result_end());
     for (Value result : op->getResults()) {
       if (!isFull(result) || rebuildable.contains(result) ||
-          kinds.normalised.contains(result) || dividedByItsOwnSum(result) ||
+          kinds.normalised.contains(result) ||
           !mayStoreLow(result, statistics, gemmsBefore))
         continue;
       // A GPU or TPU GEMM accumulates in f32 and rounds once as it writes:
