@@ -244,7 +244,7 @@ SHARDED_SURVIVAL_VARIANTS := f32,ours-bf16,ours-bf16-gemm-f8,ours-bf16-reduce-bf
   ours-bf16-numerics-provenance,jmp-style
 test-survival: build
 	env JAX_PLATFORMS=cpu $(PY) -m bench.gpu_compile --target cpu --size smoke \
-	  --json build/gpu-compile-cpu-smoke.json
+	  --models lm,mlp --json build/gpu-compile-cpu-smoke.json
 	for mesh in fsdp fsdp=4,tp=2; do \
 	  env JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8 \
 	    $(PY) -m bench.gpu_compile --target cpu --size smoke --models lm \

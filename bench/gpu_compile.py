@@ -7,9 +7,11 @@ without a GPU (JAX's deviceless ahead-of-time compilation), read back.
     python -m bench.gpu_compile --smoke        # the same, the arguments given
                                                # as on the H100 (see below)
 
-Compiles the LM (4 layers, d_model 1024, 8 heads, seq 512, batch 16, Adam)
-and the MLP (784-4096-4096-10, batch 2048, Adam) training steps, state
-donated, for each variant. Sharded over several devices (--devices N
+Compiles the LM (4 layers, d_model 1024, 8 heads, seq 512, batch 16, Adam),
+the MLP (784-4096-4096-10, batch 2048, Adam), a ViT (d_model 768, 6
+blocks, 197 tokens, batch 64) and an MoE LM (top-2 of 8 experts) training
+steps, state donated, for each variant, and estimates each step's time on
+the GPU's roofline (docs/results.md, "Estimated step time"). Sharded over several devices (--devices N
 --mesh fsdp | fsdp=4,tp=2 --topology 1x1x8 | 1x2x4; the shardings are
 bench/common.py's, NamedShardings on the inputs), it also prints the bytes
 each device moves, by collective and dtype:
@@ -261,7 +263,8 @@ def _parse(argv):
   parser.add_argument("--size", default=None, choices=("gpu", "small", "smoke"),
                       help="model sizes (default: gpu for --target gpu, "
                       "small for cpu)")
-  parser.add_argument("--models", default="lm,mlp")
+  parser.add_argument("--models", default="lm,mlp,vit,moe",
+                      help="any of lm, mlp, vit, moe (default: all)")
   parser.add_argument("--variants", help="default: all of "
                       f"{','.join(VARIANTS)}; --smoke {','.join(SMOKE_VARIANTS)}")
   parser.add_argument("--smoke", action="store_true",
