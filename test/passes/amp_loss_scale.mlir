@@ -204,11 +204,13 @@ module @all_finite {
 // STATIC: %[[SV:.*]] = stablehlo.select %[[FINITE]], %{{.*}}, %{{.*}} : tensor<i1>, tensor<8xf32>
 // STATIC-NEXT: return %{{[^,]*}}, %[[SW]], %[[SV]], %[[FINITE]] : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<i1>
 
+// mode=none checks and does not select: the new state is returned as made.
 // NONE-LABEL: module @state_select
+// NONE: %[[NW:.*]] = stablehlo.subtract
+// NONE: %[[NV:.*]] = stablehlo.subtract
 // NONE: %[[FINITE:.*]] = stablehlo.reduce
-// NONE: %[[SW:.*]] = stablehlo.select %[[FINITE]], %{{.*}}, %{{.*}} : tensor<i1>, tensor<8xf32>
-// NONE: %[[SV:.*]] = stablehlo.select %[[FINITE]], %{{.*}}, %{{.*}} : tensor<i1>, tensor<8xf32>
-// NONE-NEXT: return %{{[^,]*}}, %[[SW]], %[[SV]], %[[FINITE]] : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<i1>
+// NONE-NOT: stablehlo.select
+// NONE: return %{{[^,]*}}, %[[NW]], %[[NV]], %[[FINITE]] : tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<i1>
 module @state_select {
   func.func public @main(%w: tensor<8xf32>, %v: tensor<8xbf16>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<8xf32> {amp.gradient}, tensor<8xf32> {amp.state_of = 0 : i64}, tensor<8xf32> {amp.state_of = 1 : i64}) {
     %b = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<8xf32>
