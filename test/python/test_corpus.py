@@ -459,12 +459,12 @@ def reference(case: Case):
   return run(jax.jit(fn), args, TRAIN_STEPS if case.train else 1)
 
 
-def measure(case: Case, policy: str) -> tuple[Row, Result]:
-  """Rewrites, runs and compares one case: its table row and what the
-  comparison found."""
+def measure(case: Case, policy: str, **options) -> tuple[Row, Result]:
+  """Rewrites (with `options`), runs and compares one case: its table row
+  and what the comparison found."""
   fn, args = built(case)
   steps = TRAIN_STEPS if case.train else 1
-  fast = amp.transform(fn, policy)
+  fast = amp.transform(fn, policy, **options)
   with warnings.catch_warnings():
     warnings.filterwarnings("error", message="stablehlo-amp")
     report = fast.lower(*args).report()

@@ -10,8 +10,9 @@ For every case and policy:
   feed the decision or the linear algebra, which stay f32 with the report
   naming the decision (`top_k`, `argmax/argmin`) or the routine (the
   Cholesky and triangular-solve kernels);
-- `amp.transform` runs it on XLA:CPU without falling back, and it matches
-  the f32 program as `test_corpus.py` measures it: floats within the
+- `amp.transform` runs it on XLA:CPU without falling back, and, with
+  `decisions="exact"`, it matches the f32 program as `test_corpus.py`
+  measures it: floats within the
   compute dtype's tolerance, parameter updates within 2 lr per step of f32
   and pointing the same way, and integer outputs (expert indices,
   predictions, Adam's step count) bit-identical; a training step that
@@ -34,6 +35,11 @@ from corpus_decisions import CASES, DECISIONS, KEPT_DOTS
 from mlir_checks import duplicate_converts
 from test_corpus import (POLICIES, TRAIN_STEPS, built, compare, f32_text,
                          measure, reference)
+
+# The rule whose promise these tests check: everything upstream of a
+# decision stays f32, so the decisions equal f32's. The default
+# (decisions="gate": only the nearest matrix multiply) has its own test.
+EXACT = {"decisions": "exact"}
 
 # Bugs of the pass these tests found and that are not fixed yet, as in
 # test_programs.py: (test, case id, policy or None) -> why; strict xfails.
@@ -71,7 +77,7 @@ def check_decisions(report: amp.Report, case) -> None:
 def test_rewrites_and_verifies(case, policy):
   """The f32 module (`jax.jit(...).lower(...).as_text()`, with chlo.top_k
   itself) rewrites and verifies, keeping what decides in f32."""
-  result = amp.rewrite_module(f32_text(case), policy, target="cpu")
+  result = amp.rewrite_module(f32_text(case), policy, target="cpu", **EXACT)
   assert duplicate_converts(result.module) == []
   check_decisions(result.report, case)
 
@@ -81,7 +87,8 @@ def test_rewrites_and_verifies(case, policy):
 def test_transform_keeps_what_decides_f32(case, policy):
   """The same through `amp.transform`."""
   fn, args = built(case)
-  check_decisions(amp.transform(fn, policy).lower(*args).report(), case)
+  check_decisions(amp.transform(fn, policy, **EXACT).lower(*args).report(),
+                  case)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +98,7 @@ def test_exported_module_keeps_what_decides_f32(case, policy):
   `amp.rewrite_module`."""
   fn, args = built(case)
   text = jax.export.export(jax.jit(fn))(*args).mlir_module()
-  result = amp.rewrite_module(text, policy, target="cpu")   # verifies
+  result = amp.rewrite_module(text, policy, target="cpu", **EXACT)  # verifies
   check_decisions(result.report, case)
 
 
@@ -105,7 +112,7 @@ def test_runs_and_matches_f32(case, policy):
   if case.train and case.name in DECIDING_STEPS:
     problems = step_by_step(case, policy)
   else:
-    _, result = measure(case, policy)
+    _, result = measure(case, policy, **EXACT)
     problems = result.problems
   assert not problems, problems
 
@@ -123,7 +130,7 @@ def step_by_step(case, policy) -> list[str]:
   the two runs' parameters differ by rounding after the first, and a
   routing decision on different parameters may legitimately differ.)"""
   fn, args = built(case)
-  fast = amp.transform(fn, policy)
+  fast = amp.transform(fn, policy, **EXACT)
   reference_step = jax.jit(fn)
   problems = []
   with warnings.catch_warnings():
@@ -154,3 +161,20 @@ def test_cases_have_integer_outputs_and_their_decisions():
     if case.name != "gp_regression":
       decided = [leaf for leaf in ints if np.asarray(leaf).size > 1]
       assert decided, f"{case.id}: no integer output of the decision"
+
+
+@pytest.mark.parametrize("case, policy",
+                         list(_cases("test_the_default_keeps_only_the_gate")))
+def test_the_default_keeps_only_the_gate(case, policy):
+  """decisions="gate" (the default) keeps in f32 only the matrix multiplies
+  that gate a decision, a subset of what "exact" keeps, and says so; linear
+  algebra keeps its whole cone either way."""
+  fn, args = built(case)
+  gate = amp.transform(fn, policy).lower(*args).report()
+  dots = [d for d in gate.decisions if d.op == "stablehlo.dot_general"]
+  kept = [d for d in dots if d.precision == "f32"]
+  assert {d.reason_id for d in kept} <= {"gates_decision", "linear_algebra"}
+  assert 0 < len(kept) <= KEPT_DOTS[case.id], [(d.reason, d.loc)
+                                               for d in kept]
+  if case.name != "gp_regression":
+    assert any(d.reason_id == "gates_decision" for d in kept), str(gate)
