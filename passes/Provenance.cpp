@@ -128,6 +128,27 @@ FloatType checkedElementType(Value value) {
   return shlo::getFloatElementType(value.getType());
 }
 
+/// The format a value's elements were last rounded to: its own, or that of
+/// the narrower value it widens back exactly, through optimization barriers
+/// and moves (a value stored in f16 and read back in f32 overflowed f16,
+/// not f32).
+FloatType roundedFormat(Value value) {
+  FloatType narrowest = checkedElementType(value);
+  for (int depth = 0; narrowest && depth < 8; ++depth) {
+    Operation *op = value.getDefiningOp();
+    if (op && shlo::isOptimizationBarrier(op))
+      value = op->getOperand(cast<OpResult>(value).getResultNumber());
+    else if (op && movesValues(op))
+      value = op->getOperand(0);
+    else
+      break;
+    FloatType element = shlo::getFloatElementType(value.getType());
+    if (element && element.getWidth() < narrowest.getWidth())
+      narrowest = element;
+  }
+  return narrowest;
+}
+
 } // namespace
 
 namespace {
@@ -377,7 +398,7 @@ void RegionFinder::decideChecks() {
 void RegionFinder::handOn(int64_t region, Value value) {
   ProvenanceRegion &target = regions[region];
   target.handedOn.push_back(value);
-  FloatType element = checkedElementType(value);
+  FloatType element = roundedFormat(value);
   if (!target.narrowest || element.getWidth() < target.narrowest.getWidth())
     target.narrowest = element;
 }

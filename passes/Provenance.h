@@ -30,7 +30,7 @@ struct ProvenanceRegion {
   llvm::SetVector<int64_t> inputs;  ///< regions it reads, in first-read order
   llvm::SmallVector<Value> handedOn;
   llvm::SmallVector<std::string> primitives; ///< JAX primitives, in order
-  FloatType narrowest;              ///< of the values it hands on
+  FloatType narrowest;              ///< of the values it hands on, as rounded
 };
 
 /// The regions of `main`'s body in program order (the step's inputs first).

@@ -187,8 +187,17 @@ def _article(what: str) -> str:
 
 
 def _relative(path: str) -> str:
+  """`path` relative to the working directory when under it, and an
+  installed package's file relative to its ``site-packages``
+  (``optax/_src/update.py:42``)."""
   here = os.getcwd().rstrip(os.sep) + os.sep
-  return path[len(here):] if path.startswith(here) else path
+  if path.startswith(here):
+    return path[len(here):]
+  for packages in (f"{os.sep}site-packages{os.sep}",
+                   f"{os.sep}dist-packages{os.sep}"):
+    if packages in path:
+      return path.rsplit(packages, 1)[1]
+  return path
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,14 +96,21 @@ class Located:
   @property
   def phase(self) -> str:
     """``"forward"``, ``"backward"`` or ``"optimizer"`` for an op of a
-    program JAX traced (from its name and frames: autodiff's transpose is
-    the backward pass, optax's frames the optimizer); empty otherwise."""
+    program JAX traced; empty otherwise. JAX's autodiff markers decide
+    first: its transpose is the backward pass and its `jvp` the forward
+    pass, whichever library the op's lines are in (an optax loss is part
+    of the model's passes). Of the other ops, those with optax frames are
+    the optimizer's."""
     match = _NAME.match(self.loc)
     if not match:
       return ""
+    if "transpose(" in match[1]:
+      return "backward"
+    if "jvp(" in match[1]:
+      return "forward"
     if any("/optax/" in file for file, _ in _FRAME.findall(self.loc)):
       return "optimizer"
-    return "backward" if "transpose(" in match[1] else "forward"
+    return "forward"
 
 
 @dataclasses.dataclass(frozen=True)

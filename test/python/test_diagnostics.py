@@ -1,0 +1,114 @@
+"""What `explain` and the training warnings say when training goes wrong,
+on the code users write: flax linen and nnx models, equinox modules,
+optax losses and optimizers (issue 45).
+
+- An optax loss's ops are the model's forward and backward pass, not the
+  optimizer's: JAX's `jvp`/`transpose` markers decide the phase.
+- An overflow of a value stored in f16 and read back in f32 is an f16
+  overflow.
+- A NaN in the batch is reported as the batch, with the leaf's path.
+- The "not progressing" warning says what is known, without blaming a
+  loss scale or a precision it does not know is at fault.
+- `value_and_grad` keeps the params' tree structure (`None` stays `None`),
+  as equinox's `eqx.partition` → optax pattern needs.
+- An nnx Module given directly as the params: its RNG state is not frozen.
+"""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import stablehlo_amp as amp
+
+optax = pytest.importorskip("optax")
+nn = pytest.importorskip("flax.linen")
+
+V, D, B, T = 256, 64, 8, 16
+
+
+class _Block(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    h = nn.LayerNorm()(x)
+    x = x + nn.SelfAttention(num_heads=4)(h)
+    h = nn.LayerNorm()(x)
+    return x + nn.Dense(D)(nn.gelu(nn.Dense(4 * D)(h)))
+
+
+class _LM(nn.Module):
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(V, D)(tokens)
+    for _ in range(2):
+      x = _Block()(x)
+    return nn.Dense(V)(nn.LayerNorm()(x))
+
+
+_MODEL = _LM()
+_TOKENS = jnp.arange(B * T).reshape(B, T) % V
+
+
+def _lm_loss(params, tokens):
+  logits = _MODEL.apply(params, tokens).astype(jnp.float32)
+  return optax.softmax_cross_entropy_with_integer_labels(
+      logits, jnp.roll(tokens, 1, 1)).mean()
+
+
+@pytest.fixture(scope="module")
+def overflowing_lm():
+  """A linen LM in f16 with a loss scale far too large (2^30): its loss's
+  backward pass overflows f16 at once, in the optax loss."""
+  step = amp.train_step(_lm_loss, optax.adam(1e-3), "p=f32,c=f16,o=f32",
+                        loss_scale=amp.StaticLossScale(2.0 ** 30),
+                        numerics="provenance")
+  params = _MODEL.init(jax.random.key(0), _TOKENS)
+  state = step.init(params)
+  new_state, metrics = step(state, _TOKENS)
+  return step, params, metrics, step.lower(state, _TOKENS).report()
+
+
+def test_an_optax_loss_is_the_models_forward_and_backward(overflowing_lm):
+  _, params, metrics, report = overflowing_lm
+  region, _ = metrics["nonfinite"].first(report)
+  assert region.phase == "backward", region.name
+  assert "/optax/losses/" in region.loc
+  text = amp.explain(metrics, report)
+  first = text.splitlines()[1]
+  assert first.startswith("First non-finite: backward of the step (add_any)"
+                          " at test/python/test_diagnostics.py:"), text
+  # The optax loss's ops are forward or backward, in regions and decisions;
+  # only the optimizer's (optax's transforms and updates) are "optimizer".
+  for located in (*report.regions[1:], *report.decisions):
+    if "/optax/losses/" in located.loc:
+      assert located.phase in ("forward", "backward"), located.loc[:200]
+  phases = collections.Counter(d.phase for d in report.decisions
+                               if "/optax/losses/" in d.loc)
+  assert phases["forward"] and phases["backward"], phases
+  assert "site-packages" not in text
+  # value_and_grad has no optimizer: no region of it is one.
+  vg = amp.value_and_grad(_lm_loss, "p=f32,c=f16,o=f32",
+                          numerics="provenance")
+  scale = amp.StaticLossScale(2.0 ** 30)
+  *_, measured = vg(params, _TOKENS, loss_scale=scale)
+  vg_report = vg.lower(params, _TOKENS, loss_scale=scale).report()
+  assert {r.phase for r in vg_report.regions[1:]} == {"forward", "backward"}
+  assert "First non-finite: backward of the step (add_any)" in \
+      amp.explain(measured, vg_report)
+
+
+def test_an_f16_overflow_of_a_stored_value_is_f16(overflowing_lm):
+  _, _, metrics, report = overflowing_lm
+  region, what = metrics["nonfinite"].first(report)
+  # The loss's gradient (2^30 / 128 tokens: 8.4e6 in f32) is stored in f16
+  # and read back in f32: its check reads the f32 copy, and the infinity
+  # is f16's.
+  assert (region.format, what) == ("f16", "infinity"), (region.format, what)
+  text = amp.explain(metrics, report)
+  assert "(f16 overflow: max finite 65504)" in text, text
+  assert "f32 overflow" not in text
