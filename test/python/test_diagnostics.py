@@ -84,7 +84,7 @@ def test_an_optax_loss_is_the_models_forward_and_backward(overflowing_lm):
                           " at test/python/test_diagnostics.py:"), text
   # The optax loss's ops are forward or backward, in regions and decisions;
   # only the optimizer's (optax's transforms and updates) are "optimizer".
-  for located in (*report.regions[1:], *report.decisions):
+  for located in (*report.regions, *report.decisions):
     if "/optax/losses/" in located.loc:
       assert located.phase in ("forward", "backward"), located.loc[:200]
   phases = collections.Counter(d.phase for d in report.decisions
@@ -97,7 +97,8 @@ def test_an_optax_loss_is_the_models_forward_and_backward(overflowing_lm):
   scale = amp.StaticLossScale(2.0 ** 30)
   *_, measured = vg(params, _TOKENS, loss_scale=scale)
   vg_report = vg.lower(params, _TOKENS, loss_scale=scale).report()
-  assert {r.phase for r in vg_report.regions[1:]} == {"forward", "backward"}
+  assert {r.phase for r in vg_report.regions if not r.is_input} == \
+      {"forward", "backward"}
   assert "First non-finite: backward of the step (add_any)" in \
       amp.explain(measured, vg_report)
 
@@ -112,3 +113,86 @@ def test_an_f16_overflow_of_a_stored_value_is_f16(overflowing_lm):
   text = amp.explain(metrics, report)
   assert "(f16 overflow: max finite 65504)" in text, text
   assert "f32 overflow" not in text
+
+
+def _mlp(params, x):
+  for w, b in params[:-1]:
+    x = jax.nn.gelu(x @ w + b)
+  w, b = params[-1]
+  return jax.nn.log_softmax(x @ w + b)
+
+
+def _mlp_params():
+  sizes = [(784, 512), (512, 512), (512, 10)]
+  return [(jax.random.normal(k, s) / s[0] ** 0.5, jnp.zeros(s[1]))
+          for k, s in zip(jax.random.split(jax.random.key(0), 3), sizes)]
+
+
+def _mlp_loss(params, batch):
+  x, labels = batch
+  logp = _mlp(params, x)
+  return -jnp.take_along_axis(logp, labels[:, None], 1).mean()
+
+
+def _mlp_batch(nan_at=None):
+  x = jax.random.normal(jax.random.key(1), (128, 784))
+  if nan_at is not None:
+    x = x.at[nan_at].set(jnp.nan)
+  return (x, jnp.arange(128) % 10)
+
+
+def test_a_nan_in_the_batch_is_the_batchs():
+  """docs/numerics.md's MLP with one NaN in its batch: the batch, at its
+  leaf, not the first layer (whose rounding of the batch hid it)."""
+  step = amp.train_step(_mlp_loss, optax.adam(1e-3), numerics="provenance")
+  state = step.init(_mlp_params())
+  batch = _mlp_batch(nan_at=(3, 5))
+  _, metrics = step(state, batch)
+  report = step.lower(state, batch).report()
+  region, what = metrics["nonfinite"].first(report)
+  assert (region.is_input, region.name, region.argument, what) == \
+      (True, "the batch", "batch[0]", "NaN"), region
+  text = amp.explain(metrics, report)
+  assert "First non-finite: the batch held a NaN (batch[0]), before the " \
+      "step computed anything." in text, text
+  assert "check the batch" in text
+  # A clean batch: nothing, and the input regions have no phase.
+  _, metrics = step(state, _mlp_batch())
+  assert metrics["nonfinite"].first(report) is None
+  assert all(r.phase == "" for r in report.regions if r.is_input)
+
+
+class _BatchNormNet(nn.Module):
+  @nn.compact
+  def __call__(self, x, train: bool = True):
+    x = nn.Dense(32, name="inp")(x)
+    x = nn.BatchNorm(use_running_average=not train)(x)
+    return nn.Dense(1)(nn.relu(x))
+
+
+def test_a_nan_in_the_batch_of_a_batchnorm_net_is_the_batchs():
+  """A linen BatchNorm net (model state): the batch's leaf by its path,
+  not `Net/inp`."""
+  net = _BatchNormNet()
+  x = jax.random.normal(jax.random.key(0), (16, 8))
+  variables = net.init(jax.random.key(1), x)
+
+  def loss_fn(params, stats, batch):
+    out, updates = net.apply({"params": params, "batch_stats": stats},
+                             batch["x"], mutable=["batch_stats"])
+    return jnp.mean((out - batch["y"]) ** 2), updates["batch_stats"]
+
+  step = amp.train_step(loss_fn, optax.sgd(1e-2), "p=f32,c=bf16,o=f32",
+                        numerics="provenance")
+  state = step.init(variables["params"],
+                    model_state=variables["batch_stats"])
+  for leaf in ("x", "y"):
+    batch = {"x": x, "y": jnp.ones((16, 1))}
+    batch[leaf] = batch[leaf].at[4, 0].set(jnp.nan)
+    _, metrics = step(state, batch)
+    report = step.lower(state, batch).report()
+    region, what = metrics["nonfinite"].first(report)
+    assert (region.name, region.argument, what) == \
+        ("the batch", f"batch['{leaf}']", "NaN"), region
+    assert f"First non-finite: the batch held a NaN (batch['{leaf}'])" in \
+        amp.explain(metrics, report)

@@ -160,13 +160,12 @@ def explain_nonfinite(bits: NonFinite, report: Report) -> list[str]:
   """The lines of `explain` on provenance: the first region to go
   non-finite, where it is and why, and how many followed."""
   flagged = bits.regions(report)
+  watched = sum(not region.is_input for region in report.regions)
   if not flagged:
-    return [f"Every value of the {len(report.regions) - 1} regions watched "
-            "was finite."]
+    return [f"Every value of the {watched} regions watched was finite."]
   region, what = bits.first(report)
-  if region.index == 0:
-    lines = [f"First non-finite: the inputs held {_article(what)} (an "
-             "argument: a step's parameters, optimizer state or batch)."]
+  if region.is_input:
+    lines = _explain_input(region, what)
   else:
     where = _relative(region.where)
     at = f" at {where}" if where not in region.name else ""
@@ -177,8 +176,29 @@ def explain_nonfinite(bits: NonFinite, report: Report) -> list[str]:
                  f"{len(report.regions) - 1} regions handed on non-finite "
                  "values, the next:")
     for later, kind in flagged[:8]:
-      if later is not region:
+      if later is region:
+        continue
+      if later.is_input:
+        at = f" at {later.argument}" if later.argument else ""
+        lines.append(f"  {later.name}{at} ({kind})")
+      else:
         lines.append(f"  {later.name} at {_relative(later.where)} ({kind})")
+  return lines
+
+
+def _explain_input(region: Region, what: str) -> list[str]:
+  """The first non-finite value was an input: which, and what that means
+  (a NaN in the batch is bad data, not precision)."""
+  if region.index == 0:
+    return [f"First non-finite: the inputs held {_article(what)} (an "
+            "argument: a step's parameters, optimizer state or batch)."]
+  at = (region.argument if region.values == 1 else
+        f"one of its {region.values} arrays")
+  lines = [f"First non-finite: {region.name} held {_article(what)} ({at}), "
+           "before the step computed anything."]
+  if region.tree in ("batch", "rest", "flat_leaves"):
+    lines.append("The data is not finite, whatever the precision: check the "
+                 "batch (jnp.isfinite) before the step.")
   return lines
 
 

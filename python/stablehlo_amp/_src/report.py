@@ -145,11 +145,24 @@ class OpDecision(Located):
     return f"{text} ({self.detail})" if self.detail else text
 
 
+# An input region's location: the name JAX gives its (first) argument.
+_ARGUMENT = re.compile(r'^loc\("([^"]*)"\)$')
+# The argument trees of the programs the driver lowers, as people read them
+# (value_and_grad's are its function's positional arguments, transform's
+# their flattened leaves).
+_TREES = {"params": "the parameters", "opt_state": "the optimizer state",
+          "model_state": "the model state", "batch": "the batch",
+          "seed": "the loss scale", "diff": "the arguments",
+          "rest": "the arguments", "flat_leaves": "the inputs"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Region(Located):
   """One region of a step that ``numerics="provenance"`` watches: ops of
   one name scope and phase at one source line (``op`` names the first).
-  Region 0 is the step's inputs."""
+  Region 0 is the step's inputs that have no name; the regions after it
+  that have no primitives are its named inputs (`is_input`): each argument
+  tree (``params``, ``batch``), or each leaf of a tree of at most 16."""
   index: int
   loc: str
   op: str
@@ -159,11 +172,44 @@ class Region(Located):
   values: int                  # how many values it hands on (each checked)
 
   @property
+  def argument(self) -> str:
+    """A named input region's argument path (``"batch[0]"``, ``"argument
+    1['x']"``): of its only array where `values` is 1, else of its first;
+    empty for the other regions."""
+    match = (_ARGUMENT.match(self.loc)
+             if self.index and not (self.primitives or self.inputs) else None)
+    if not match:
+      return ""
+    path = match[1]
+    if (position := re.match(r"^(?:diff|rest)\[(\d+)\](.*)$", path)):
+      return f"argument {position[1]}{position[2]}"
+    if (leaf := re.match(r"^flat_leaves\[(\d+)\]$", path)):
+      return f"input leaf {leaf[1]}"
+    return path
+
+  @property
+  def is_input(self) -> bool:
+    """Whether it is one of the step's inputs (region 0, or a named one)."""
+    return self.index == 0 or bool(self.argument)
+
+  @property
+  def tree(self) -> str:
+    """A named input region's argument tree (``"batch"``); else empty."""
+    match = _ARGUMENT.match(self.loc) if self.argument else None
+    return re.split(r"[\[.]", match[1], maxsplit=1)[0] if match else ""
+
+  @property
+  def phase(self) -> str:
+    return "" if self.is_input else super().phase
+
+  @property
   def name(self) -> str:
     """``"backward of Model/Block_3/attn (exp, reduce_max)"``, ``"the
-    step's inputs"``."""
+    batch"``, ``"the step's inputs"``."""
     if self.index == 0:
       return "the step's inputs"
+    if self.is_input:
+      return _TREES.get(self.tree, f"the argument `{self.tree}`")
     what = ", ".join(self.primitives[:4]) + (
         ", ..." if len(self.primitives) > 4 else "")
     scope = f"`{self.scope}`" if self.scope else "the step"
