@@ -196,3 +196,56 @@ def test_a_nan_in_the_batch_of_a_batchnorm_net_is_the_batchs():
         ("the batch", f"batch['{leaf}']", "NaN"), region
     assert f"First non-finite: the batch held a NaN (batch['{leaf}'])" in \
         amp.explain(metrics, report)
+
+
+def _stuck_warnings(recwarn) -> list[str]:
+  jax.effects_barrier()
+  return [str(w.message) for w in recwarn
+          if "training is not progressing" in str(w.message)]
+
+
+def test_a_diverging_run_is_not_blamed_on_precision(recwarn):
+  """A learning rate far too large: the loss goes non-finite as in a plain
+  f32 jax.jit run. The warning says what is known, and how to tell a
+  precision problem from a divergence; no loss scale (there is none), no
+  advice to use bf16 (the run is bf16)."""
+  params, batch, sgd = _mlp_params(), _mlp_batch(), optax.sgd(3e8)
+
+  @jax.jit
+  def plain(params, opt_state):
+    loss, grads = jax.value_and_grad(_mlp_loss)(params, batch)
+    updates, opt_state = sgd.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  p, s, losses = params, sgd.init(params), []
+  for _ in range(3):
+    p, s, loss = plain(p, s)
+    losses.append(float(loss))
+  assert not np.isfinite(losses[-1]), losses  # f32 diverges too
+
+  step = amp.train_step(_mlp_loss, sgd, "p=f32,c=bf16,o=f32",
+                        skip_nonfinite=True)
+  state = step.init(params)
+  for _ in range(12):
+    state, metrics = step(state, batch)
+  assert not np.isfinite(float(metrics["loss"]))
+  stuck = _stuck_warnings(recwarn)
+  assert len(stuck) == 1, stuck
+  message = stuck[0]
+  assert "the loss is not finite at the current parameters" in message
+  assert "numerics='provenance'" in message and "c=f32" in message
+  assert "loss scale" not in message and "use bf16" not in message
+  assert "overflows in bfloat16, which" not in message
+
+
+def test_the_warning_in_f32_says_precision_is_not_the_cause(recwarn):
+  step = amp.train_step(_mlp_loss, optax.sgd(3e8), "p=f32,c=f32,o=f32",
+                        skip_nonfinite=True)
+  state = step.init(_mlp_params())
+  for _ in range(12):
+    state, _ = step(state, _mlp_batch())
+  stuck = _stuck_warnings(recwarn)
+  assert len(stuck) == 1, stuck
+  assert "The step computes in float32, so precision is not the cause" in \
+      stuck[0]
+  assert "c=f32" not in stuck[0] and "loss scale" not in stuck[0]

@@ -30,6 +30,7 @@ from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
 from stablehlo_amp._src import train_state as ts
 from stablehlo_amp._src.loss_scale import (DynamicLossScale, LossScale,
+                                           NoOpLossScale,
                                            check_loss_scale,
                                            default_loss_scale)
 from stablehlo_amp._src.policy import Policy, as_policy
@@ -538,6 +539,7 @@ class _StuckWatch:
                options: pl.RewriteOptions):
     self.policy, self.options = policy, options
     self.dynamic = isinstance(loss_scale, DynamicLossScale)
+    self.scaled = not isinstance(loss_scale, NoOpLossScale)
     self.count, self.warned = 0, False
 
   def watch(self, finite, loss, loss_scale, skipped) -> None:
@@ -562,18 +564,39 @@ class _StuckWatch:
     if self.warned or (not self.dynamic and self.count < STUCK_STEPS):
       return
     self.warned = True
-    where = ("the loss itself is not finite: the forward pass overflows in "
-             f"{jnp.dtype(self.policy.compute_dtype).name}, which no loss "
-             "scale can fix (keep_f32= the op that overflows, or use bf16)"
-             if not bool(loss_finite) else
-             "the gradients are not finite while the loss is: the backward "
-             "pass overflows")
+    at_scale = (f", the last ones at a loss scale of {float(scale):g}"
+                + (" (its minimum)" if self.dynamic else "")
+                if self.scaled else "")
     warnings.warn(
-        f"stablehlo-amp: {int(skipped)} steps skipped so far, the last ones "
-        f"at a loss scale of {float(scale):g}"
-        + (" (its minimum)" if self.dynamic else "") + f": {where}. Skipped "
-        "steps leave the parameters unchanged, so training is not "
-        "progressing", stacklevel=2)
+        f"stablehlo-amp: {int(skipped)} steps skipped so far{at_scale}: "
+        + self._why(bool(loss_finite)) + ". Skipped steps leave the "
+        "parameters unchanged, so training is not progressing",
+        stacklevel=2)
+
+  def _why(self, loss_finite: bool) -> str:
+    """What is known of why, and how to find out the rest: values that are
+    not finite may be a low-precision overflow or a run that diverges (a
+    learning rate too large, bad data); only provenance or a run in f32
+    tells them apart."""
+    if loss_finite:
+      known = "the gradients are not finite while the loss is"
+      if self.scaled and not self.dynamic:
+        known += " (a smaller loss scale, or DynamicLossScale, may fix it)"
+    else:
+      known = "the loss is not finite at the current parameters"
+      if self.scaled:
+        known += ", which no loss scale can fix"
+    see = ("numerics='provenance' and amp.explain(metrics, "
+           "step.lower(state, batch).report()) say where the first NaN or "
+           "infinity came from")
+    compute = jnp.dtype(self.policy.compute_dtype)
+    if compute.itemsize >= 4:
+      return (f"{known}. The step computes in {compute.name}, so precision "
+              "is not the cause: a learning rate too large or bad data is "
+              f"likely; {see}")
+    return (f"{known}. It may be an overflow in {compute.name} or a run "
+            "that diverges (a learning rate too large, bad data): "
+            f"{see}, and the same steps with c=f32 tell the two apart")
 
 
 class TrainStep(_LossScaledProgram):
