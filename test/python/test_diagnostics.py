@@ -249,3 +249,91 @@ def test_the_warning_in_f32_says_precision_is_not_the_cause(recwarn):
   assert "The step computes in float32, so precision is not the cause" in \
       stuck[0]
   assert "c=f32" not in stuck[0] and "loss scale" not in stuck[0]
+
+
+def test_value_and_grad_keeps_none_leaves_for_equinox_and_optax():
+  """equinox's eqx.partition(model, eqx.is_inexact_array) leaves None where
+  a leaf is not an array; the gradients keep that structure (as jax.grad's
+  do), so optax and eqx.apply_updates take them."""
+  eqx = pytest.importorskip("equinox")
+  model = eqx.nn.MLP(4, 2, 16, 2, key=jax.random.key(0))
+  params, static = eqx.partition(model, eqx.is_inexact_array)
+  x = jax.random.normal(jax.random.key(1), (8, 4))
+  y = jnp.ones((8, 2))
+
+  def loss(params, x, y):
+    return jnp.mean((jax.vmap(eqx.combine(params, static))(x) - y) ** 2)
+
+  vg = amp.value_and_grad(loss, "p=f32,c=bf16,o=f32")
+  (value, grads), finite, _ = vg(params, x, y)
+  want = jax.grad(loss)(params, x, y)
+  assert jax.tree_util.tree_structure(grads) == \
+      jax.tree_util.tree_structure(want) == \
+      jax.tree_util.tree_structure(params)
+  assert bool(finite)
+  optimizer = optax.adam(1e-2)
+  updates, _ = optimizer.update(grads, optimizer.init(params), params)
+  new = eqx.apply_updates(params, updates)
+  assert float(loss(new, x, y)) < float(value)
+  # A dict with a None leaf, and a tuple of arguments.
+  vg = amp.value_and_grad(lambda p, q, x: jnp.sum(x @ p["w"]) * q,
+                          argnums=(0, 1))
+  (_, (gp, gq)), _, _ = vg({"w": jnp.ones((4, 2)), "b": None}, 2.0, x)
+  assert gp["b"] is None and gp["w"].shape == (4, 2) and gq.shape == ()
+
+
+def _nnx_model():
+  nnx = pytest.importorskip("flax.nnx")
+
+  class Model(nnx.Module):
+    def __init__(self, rngs):
+      self.linear = nnx.Linear(8, 16, rngs=rngs)
+      self.dropout = nnx.Dropout(0.5, rngs=rngs)
+      self.head = nnx.Linear(16, 1, rngs=rngs)
+
+    def __call__(self, x):
+      return self.head(self.dropout(jax.nn.relu(self.linear(x))))
+
+  return nnx, Model(nnx.Rngs(0, dropout=1))
+
+
+def test_an_nnx_module_as_params_is_refused_with_how_to_split_it():
+  """An nnx Module is a pytree, so it could be the params; its RNG state
+  (RngKey, RngCount) would then pass through unchanged, and dropout would
+  repeat each step. The error says how to carry it as model state, and
+  that way its dropout changes every step."""
+  nnx, model = _nnx_model()
+  x = jax.random.normal(jax.random.key(2), (32, 8))
+  y = jnp.ones((32, 1))
+
+  def direct(model, batch):
+    return jnp.mean((model(batch[0]) - batch[1]) ** 2)
+
+  step = amp.train_step(direct, optax.sgd(0.0), "p=f32,c=bf16,o=f32")
+  with pytest.raises(TypeError, match=r"params holds random state at "
+                     r"\.dropout\.rngs\.count, \.dropout\.rngs\.key .*"
+                     r"nnx\.split\(model, nnx\.Param, \.\.\.\).*"
+                     r"model_state=rest"):
+    step.init(model)
+  vg = amp.value_and_grad(direct, "p=f32,c=bf16,o=f32")
+  with pytest.raises(TypeError, match=r"argument 0 of \S*direct, which argnums "
+                     r"differentiates, holds random state at "
+                     r"\.dropout\.rngs\.count"):
+    vg(model, (x, y))
+
+  # The way the error says: the RNG state is model state, updated.
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+  def loss_fn(params, rest, batch):
+    model = nnx.merge(graphdef, params, rest, copy=True)
+    loss = jnp.mean((model(batch[0]) - batch[1]) ** 2)
+    return loss, nnx.state(model, nnx.Not(nnx.Param))
+
+  step = amp.train_step(loss_fn, optax.sgd(0.0), "p=f32,c=bf16,o=f32")
+  state = step.init(params, model_state=rest)
+  losses = []
+  for _ in range(4):  # learning rate 0, one batch: only dropout changes
+    state, metrics = step(state, (x, y))
+    losses.append(float(metrics["loss"]))
+  assert len(set(losses)) == 4, losses
+  assert int(state.model_state["dropout"]["rngs"]["count"].value) == 4

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import inspect
+import sys
 import warnings
 
 import jax
@@ -170,6 +171,43 @@ def _grad_of_floats(loss_fn: Callable, params: Any, seed: jax.Array, *,
   return loss, aux, grads_tree
 
 
+def _random_state_paths(tree: Any) -> list[str]:
+  """The paths of `tree`'s random state: PRNG keys, and a flax nnx
+  Module's RNG state (its `RngKey`s and `RngCount`s, the latter uint32)."""
+  nnx = sys.modules.get("flax.nnx")
+  rng_state = getattr(nnx, "RngState", None)
+  rng_types = (rng_state,) if isinstance(rng_state, type) else ()
+  leaves, _ = jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda x: isinstance(x, rng_types))
+  return [jax.tree_util.keystr(path) or "the root" for path, leaf in leaves
+          if isinstance(leaf, rng_types) or jax.dtypes.issubdtype(
+              jax_compat.dtype_of(leaf), jax.dtypes.prng_key)]
+
+
+def _random_state_hint(paths: list[str], where: str) -> str:
+  shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more"
+                                  if len(paths) > 3 else "")
+  return (f"{where} holds random state at {shown} (a PRNG key, or an nnx "
+          "Module's Rngs): passed through unchanged, it would repeat the "
+          "same dropout masks and random numbers every step")
+
+
+def _check_no_random_state_in_params(params: Any) -> None:
+  """train_step's params: random state there would be frozen (the step
+  passes non-float leaves through), so it must be model state."""
+  paths = _random_state_paths(params)
+  if paths:
+    raise TypeError(
+        _random_state_hint(paths, "params") + ". Carry it as model state, "
+        "which the loss returns updated: for an nnx Module, `graphdef, "
+        "params, rest = nnx.split(model, nnx.Param, ...)`, "
+        "`step.init(params, model_state=rest)`, and a loss "
+        "`loss_fn(params, rest, batch)` that runs `model = nnx.merge("
+        "graphdef, params, rest, copy=True)` and returns `(loss, "
+        "nnx.state(model, nnx.Not(nnx.Param)))`; for a key, "
+        "`model_state=key` and the loss returns the next key")
+
+
 def _check_same_types(what: str, given: Any, returned: Any) -> None:
   """A step's new state must have the structure, shapes and dtypes of the
   state it was given (it is kept or discarded leaf by leaf, and the next
@@ -299,7 +337,23 @@ class ValueAndGrad(_LossScaledProgram):
     return ({i: a for i, a in enumerate(args) if i in positions},
             {i: a for i, a in enumerate(args) if i not in positions})
 
+  def _check_random_state(self, args: tuple) -> None:
+    """Random state among the differentiated arguments would not advance
+    (and has no gradient): TypeError saying how to pass it instead."""
+    for position, argument in self._split(args)[0].items():
+      if (paths := _random_state_paths(argument)):
+        raise TypeError(
+            _random_state_hint(paths, f"argument {position} of "
+                               f"{function_name(self.fun)}, which argnums "
+                               "differentiates,") + ", and it has no "
+            "gradient. Pass it as another argument and return its new "
+            "value (has_aux=True): for an nnx Module, `graphdef, params, "
+            "rest = nnx.split(model, nnx.Param, ...)`, differentiate "
+            "`params`, and merge them in the function with `nnx.merge("
+            "graphdef, params, rest, copy=True)`")
+
   def __call__(self, *args, loss_scale: LossScale | None = None, **kwargs):
+    self._check_random_state(args)
     check_loss_scale(loss_scale)
     if loss_scale is None:
       loss_scale = default_loss_scale(self.policy.compute_dtype)
@@ -307,6 +361,7 @@ class ValueAndGrad(_LossScaledProgram):
 
   def lower(self, *args, loss_scale: LossScale | None = None,
             **kwargs) -> Lowered:
+    self._check_random_state(args)
     check_loss_scale(loss_scale)
     if loss_scale is None:
       loss_scale = default_loss_scale(self.policy.compute_dtype)
@@ -339,9 +394,12 @@ class ValueAndGrad(_LossScaledProgram):
     loss, aux, grads = jax.tree_util.tree_unflatten(program.out_tree, outputs)
     # Leaves that are not floats (integer counters) get zeros of their own
     # dtype (jax.grad(allow_int=True) gives float0, which optimizers reject).
+    # A None in the arguments stays None (equinox's eqx.partition leaves
+    # None where a leaf is not an array), as in jax.grad.
     grads = jax.tree_util.tree_map(
-        lambda g, x: jnp.zeros(jnp.shape(x), jnp.result_type(x))
-        if g is None else g, grads, diff, is_leaf=lambda g: g is None)
+        lambda g, x: None if x is None else
+        jnp.zeros(jnp.shape(x), jnp.result_type(x)) if g is None else g,
+        grads, diff, is_leaf=lambda g: g is None)
     positions = self._positions(len(args))
     grads = (grads[positions[0]] if isinstance(self.argnums, int) else
              tuple(grads[i] for i in positions))
@@ -654,6 +712,7 @@ class TrainStep(_LossScaledProgram):
 
     With `donate=True` the step consumes its state, so `init` copies the
     arrays it is given: the caller's `params` stay valid."""
+    _check_no_random_state_in_params(params)
     return self.layout.init(params, model_state, copy=self.donate,
                             rounding_seed=rounding_seed)
 
