@@ -20,6 +20,15 @@ GUIDES = sorted(DOCS.glob("*.md"))
 GUIDE_PRINTS = {
     "fp8.md": ["FP8 GEMMs:"],
     "calibration.md": ["calibration: tolerance 0.0001"],
+    # The walk-through's three diagnoses, as the guide shows them.
+    "numerics.md": [
+        "First non-finite: the batch held a NaN (batch[0]), before the step "
+        "computed anything.",
+        "(bf16 overflow, then NaN: max finite 3.38953e+38, f32's too: not a "
+        "precision problem)",
+        "First non-finite: backward of `log_softmax` (neg, reduce_sum, "
+        "reshape, div, ...) at numerics.md python block",
+        "(f16 overflow: max finite 65504)"],
 }
 
 

@@ -143,6 +143,10 @@ def measurements(measured: Mapping[str, Any]) -> dict[str, Any]:
   return metrics
 
 
+# The largest finite bf16 (f32's range, at 8 bits of precision).
+_F32_MAX_ROUNDED = float(jnp.finfo(jnp.bfloat16).max)
+
+
 def _limit(fmt: str, what: str) -> str:
   """Why a value of `fmt` (the contract's dtype name) is what it is, for
   people."""
@@ -152,7 +156,10 @@ def _limit(fmt: str, what: str) -> str:
     except KeyError:  # a format the contract has no name for
       return f"{fmt} {what}"
     kind = "overflow" if what == "infinity" else "overflow, then NaN"
-    return f"{fmt} {kind}: max finite {largest:.6g}"
+    # bf16 has f32's range: what overflows it overflows f32 too.
+    same = (", f32's too: not a precision problem"
+            if fmt != "f32" and largest >= _F32_MAX_ROUNDED else "")
+    return f"{fmt} {kind}: max finite {largest:.6g}{same}"
   return f"{fmt} {what}" if fmt else what
 
 
