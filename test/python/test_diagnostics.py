@@ -156,6 +156,18 @@ def test_a_nan_in_the_batch_is_the_batchs():
   assert "First non-finite: the batch held a NaN (batch[0]), before the " \
       "step computed anything." in text, text
   assert "check the batch" in text
+  # explain takes the step (its last program) or the Lowered too.
+  lowered = step.lower(state, batch)
+  assert amp.explain(metrics, step) == text
+  assert amp.explain(metrics, lowered) == text
+  with pytest.raises(TypeError, match=r"amp.explain\(metrics, step\) with "
+                     r"the step that returned them"):
+    amp.explain(metrics)
+  with pytest.raises(TypeError, match=r"got str"):
+    amp.explain(metrics, "report")
+  fresh = amp.train_step(_mlp_loss, optax.adam(1e-3), numerics="provenance")
+  with pytest.raises(ValueError, match=r"has built no program yet: call it"):
+    amp.explain(metrics, fresh)
   # A clean batch: nothing, and the input regions have no phase.
   _, metrics = step(state, _mlp_batch())
   assert metrics["nonfinite"].first(report) is None
@@ -337,3 +349,18 @@ def test_an_nnx_module_as_params_is_refused_with_how_to_split_it():
     losses.append(float(metrics["loss"]))
   assert len(set(losses)) == 4, losses
   assert int(state.model_state["dropout"]["rngs"]["count"].value) == 4
+
+
+def test_explain_takes_a_transformed_function_and_value_and_grad():
+  def loss(w, x):
+    return jnp.mean(jnp.log(x @ w))
+
+  w, x = jnp.ones((4, 2)), -jnp.ones((3, 4))  # log of negatives: NaN
+  fast = amp.transform(loss, "p=f32,c=bf16,o=f32", numerics="provenance")
+  _, measured = fast(w, x)
+  text = amp.explain(measured, fast)
+  assert text == amp.explain(measured, fast.lower(w, x))
+  assert "First non-finite: forward of the step (" in text, text
+  vg = amp.value_and_grad(loss, "p=f32,c=bf16,o=f32", numerics="provenance")
+  *_, measured = vg(w, x)
+  assert amp.explain(measured, vg) == amp.explain(measured, vg.lower(w, x))

@@ -318,18 +318,46 @@ def operand_stats(stats: GemmStats, report: Report) -> list[OperandStats]:
   return sorted(rows, key=lambda row: -row.loss)
 
 
+def _report_of(source: Any) -> Report:
+  """The Report `explain` reads: `source` itself, a `Lowered`'s, or the
+  one of the program a step (`train_step`, `value_and_grad`, `transform`)
+  last built."""
+  usage = ("amp.explain(metrics, step) with the step that returned them, "
+           "amp.explain(metrics, step.lower(state, batch)), or its "
+           "Report (.report())")
+  if isinstance(source, Report):
+    return source
+  if source is None:
+    raise TypeError("explain needs the step, to name the regions and GEMMs "
+                    f"its metrics index: {usage}")
+  last = getattr(source, "last_report", None)
+  if callable(last):
+    report = last()
+    if report is None:
+      raise ValueError(f"this {type(source).__name__} has built no program "
+                       "yet: call it, then explain what it returned")
+    return report
+  lowered = getattr(source, "report", None)
+  if callable(lowered):
+    report = lowered()
+    if report is None:
+      raise ValueError("this Lowered has no report: its rewrite fell back "
+                       "to the original program, which measures nothing")
+    return report
+  raise TypeError(f"explain needs {usage}; got {type(source).__name__}")
+
+
 def explain(metrics: Mapping[str, Any] | GemmStats | NonFinite,
-            report: Report, *, top: int = 8) -> str:
+            report: Any = None, *, top: int = 8) -> str:
   """What a step's metrics say of its numerics, for people: whether it was
   skipped and why; with ``numerics="provenance"``, the first region to go
   non-finite, where it is and why; with ``numerics="stats"``, its `top`
   low-precision GEMM operands ranked by the fraction of values their
   rounding lost (underflow) or could not hold (saturated). `metrics` is a
   `train_step`'s, or `GemmStats` or `NonFinite` (merged over steps);
-  `report` the step's (``step.lower(state, batch).report()``)."""
-  if not isinstance(report, Report):
-    raise TypeError(f"explain needs the step's Report, got "
-                    f"{type(report).__name__}")
+  `report` the step's: the step itself (the program it last built), its
+  `Lowered` (``step.lower(state, batch)``) or their `Report`."""
+  report = _report_of(report)
   if isinstance(metrics, (GemmStats, NonFinite)):
     metrics = {"gemm_stats" if isinstance(metrics, GemmStats)
                else "nonfinite": metrics}

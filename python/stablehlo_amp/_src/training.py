@@ -273,6 +273,7 @@ class _LossScaledProgram:
              param_flags: list, seed_leaf: int, loss_scale: LossScale,
              state_leaves=(), optimizer_state_leaves=()) -> prog.Program:
     if key in self._programs:  # the outer jit traced again (committedness)
+      self._last_key = key
       return self._programs[key]
     self.rewrite_count += 1
     program = prog.build(inner, export_args, {}, param_flags=param_flags,
@@ -283,7 +284,16 @@ class _LossScaledProgram:
                          optimizer_state_leaves=optimizer_state_leaves,
                          loss_scale=loss_scale)
     self._programs[key] = program
+    self._last_key = key
     return program
+
+  def last_report(self) -> "Report | None":
+    """The report of the program this step last traced (what
+    ``amp.explain(metrics, step)`` reads); None before the first call."""
+    key = getattr(self, "_last_key", None)
+    if key is None:
+      return None
+    return self._programs[key].as_lowered().result.report
 
 
 class ValueAndGrad(_LossScaledProgram):
