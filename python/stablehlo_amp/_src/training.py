@@ -654,9 +654,8 @@ class _StuckWatch:
       known = "the loss is not finite at the current parameters"
       if self.scaled:
         known += ", which no loss scale can fix"
-    see = ("numerics='provenance' and amp.explain(metrics, "
-           "step.lower(state, batch).report()) say where the first NaN or "
-           "infinity came from")
+    see = ("numerics='provenance' and amp.explain(metrics, step) say where "
+           "the first NaN or infinity came from")
     compute = jnp.dtype(self.policy.compute_dtype)
     if compute.itemsize >= 4:
       return (f"{known}. The step computes in {compute.name}, so precision "
