@@ -364,3 +364,23 @@ def test_explain_takes_a_transformed_function_and_value_and_grad():
   vg = amp.value_and_grad(loss, "p=f32,c=bf16,o=f32", numerics="provenance")
   *_, measured = vg(w, x)
   assert amp.explain(measured, vg) == amp.explain(measured, vg.lower(w, x))
+
+
+def test_a_whole_equinox_module_says_to_partition_it():
+  """An equinox Module's activation function is a pytree leaf: the error
+  names its path and says how to split it off, for train_step and
+  value_and_grad (JAX's own error named neither)."""
+  eqx = pytest.importorskip("equinox")
+  model = eqx.nn.MLP(4, 2, 16, 2, key=jax.random.key(0))
+  x = jnp.ones((8, 4))
+
+  def loss(model, x):
+    return jnp.mean(jax.vmap(model)(x) ** 2)
+
+  message = (r"has a leaf that is not an array at \.activation: a "
+             r"custom_jvp\. .*eqx\.partition\(model, eqx\.is_inexact_array\)")
+  step = amp.train_step(loss, optax.sgd(0.1), "p=f32,c=bf16,o=f32")
+  with pytest.raises(TypeError, match="params " + message):
+    step.init(model)
+  with pytest.raises(TypeError, match=r"argument 0 of \S*loss " + message):
+    amp.value_and_grad(loss)(model, x)

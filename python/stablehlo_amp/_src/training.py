@@ -192,6 +192,25 @@ def _random_state_hint(paths: list[str], where: str) -> str:
           "same dropout masks and random numbers every step")
 
 
+def _check_array_leaves(tree: Any, what: str) -> None:
+  """Every leaf of a step's arguments is an array or a number: TypeError
+  naming the first that is not (an equinox Module's function), and how to
+  split it off."""
+  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+  for path, leaf in leaves:
+    if isinstance(leaf, (bool, int, float, complex)) or (
+        hasattr(leaf, "dtype") and hasattr(leaf, "shape")):
+      continue
+    at = jax.tree_util.keystr(path) or "the root"
+    raise TypeError(
+        f"{what} has a leaf that is not an array at {at}: a "
+        f"{type(leaf).__name__}. Every leaf must be an array or a number; "
+        "an equinox Module keeps functions and other static fields as "
+        "leaves: split them off with `params, static = eqx.partition("
+        "model, eqx.is_inexact_array)`, pass `params`, and rebuild the "
+        "model in the loss with `eqx.combine(params, static)`")
+
+
 def _check_no_random_state_in_params(params: Any) -> None:
   """train_step's params: random state there would be frozen (the step
   passes non-float leaves through), so it must be model state."""
@@ -350,6 +369,9 @@ class ValueAndGrad(_LossScaledProgram):
   def _check_random_state(self, args: tuple) -> None:
     """Random state among the differentiated arguments would not advance
     (and has no gradient): TypeError saying how to pass it instead."""
+    for position, argument in enumerate(args):
+      _check_array_leaves(argument, f"argument {position} of "
+                          f"{function_name(self.fun)}")
     for position, argument in self._split(args)[0].items():
       if (paths := _random_state_paths(argument)):
         raise TypeError(
@@ -721,6 +743,8 @@ class TrainStep(_LossScaledProgram):
 
     With `donate=True` the step consumes its state, so `init` copies the
     arrays it is given: the caller's `params` stay valid."""
+    _check_array_leaves(params, "params")
+    _check_array_leaves(model_state, "model_state")
     _check_no_random_state_in_params(params)
     return self.layout.init(params, model_state, copy=self.donate,
                             rounding_seed=rounding_seed)
