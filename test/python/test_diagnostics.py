@@ -384,3 +384,27 @@ def test_a_whole_equinox_module_says_to_partition_it():
     step.init(model)
   with pytest.raises(TypeError, match=r"argument 0 of \S*loss " + message):
     amp.value_and_grad(loss)(model, x)
+
+
+def test_the_fp8_options_say_the_same_thing_everywhere():
+  def f(w, x):
+    return jnp.sum(jnp.tanh(x @ w))
+
+  w = x = jnp.ones((64, 64))
+  # Scaling without FP8 GEMMs is refused, as keep_gemms is.
+  for options in ({"fp8_scaling": "rowwise"}, {"keep_gemms": [0]}):
+    with pytest.raises(ValueError, match=r"policy p=f32,c=bf16,o=f32 has "
+                       r"none: add gemm=f8"):
+      amp.transform(f, "p=f32,c=bf16,o=f32", **options)(w, x)
+  # c=f8 lists only the dtypes it accepts, and says where FP8 goes.
+  with pytest.raises(ValueError, match=r"\(accepted: f32, .*, float64\); "
+                     r"FP8 is a GEMM operand format, not a compute dtype"):
+    amp.transform(f, "p=f32,c=f8,o=f32")
+  # keep_gemms= naming a GEMM the program lacks: an exported error.
+  with pytest.raises(amp.OptionError, match=r"no low-precision dot 99"):
+    amp.transform(f, "p=f32,c=bf16,o=f32,gemm=f8", keep_gemms=[99])(w, x)
+  # fp8_fallback= is train_step's.
+  with pytest.raises(TypeError, match=r"ValueAndGrad does not take "
+                     r"fp8_fallback=: .*amp.train_step only"):
+    amp.value_and_grad(f, "p=f32,c=bf16,o=f32,gemm=f8",
+                       fp8_fallback=amp.Fp8Fallback())

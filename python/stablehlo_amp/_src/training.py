@@ -269,7 +269,11 @@ class _LossScaledProgram:
         "error_measure": "error_measure= measures calibration's budget, on "
                          "amp.transform",
         "keep_f32_state": "keep_f32_state= selects optimizer-state leaves "
-                          "kept in f32, on amp.train_step"}
+                          "kept in f32, on amp.train_step",
+        "fp8_fallback": "fp8_fallback= moves GEMMs out of FP8 between "
+                        "steps, from the statistics they returned: "
+                        "amp.train_step only (here, pass keep_gemms= the "
+                        "GEMMs to keep in the compute dtype)"}
     for name in sorted(unknown):
       if name in elsewhere:
         raise TypeError(f"{type(self).__name__} does not take {name}=: "
