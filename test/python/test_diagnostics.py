@@ -408,3 +408,35 @@ def test_the_fp8_options_say_the_same_thing_everywhere():
                      r"fp8_fallback=: .*amp.train_step only"):
     amp.value_and_grad(f, "p=f32,c=bf16,o=f32,gemm=f8",
                        fp8_fallback=amp.Fp8Fallback())
+
+
+def test_a_gpu_step_run_on_cpu_says_it_was_built_for_another_target():
+  """A target="gpu" rewrite holds dots XLA:CPU cannot run (bf16 x bf16 =
+  f32 behind a transpose): the call says which target it was built for,
+  not only XLA's DotThunk message."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("the mismatch is a gpu program on a cpu backend")
+
+  class Attention(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = nn.gelu(nn.Dense(128)(x))
+      return nn.Dense(8)(nn.SelfAttention(num_heads=4)(x))
+
+  model = Attention()
+  x = jnp.ones((4, 16, 32))
+  params = model.init(jax.random.key(0), x)
+
+  def loss(params, x):
+    return jnp.mean(model.apply(params, x) ** 2)
+
+  step = amp.train_step(loss, optax.adam(1e-3), "p=f32,c=bf16,o=f32",
+                        target="gpu")
+  with pytest.raises(RuntimeError, match=r"this program was rewritten for "
+                     r"target='gpu' and ran on cpu, which failed: .*"
+                     r"DotThunk.*Build it with target='cpu'"):
+    step(step.init(params), x)
+  # Built for here, it runs.
+  step = amp.train_step(loss, optax.adam(1e-3), "p=f32,c=bf16,o=f32")
+  _, metrics = step(step.init(params), x)
+  assert np.isfinite(float(metrics["loss"]))
