@@ -125,6 +125,16 @@ def test_the_reference_is_what_its_generator_prints():
       "the repository root")
 
 
+def test_amp_opt_md_shows_the_parsers_usage():
+  from stablehlo_amp._src import reference
+  text = (DOCS / "amp-opt.md").read_text()
+  match = re.search(r"## `amp-opt`\n\n```\n(.*?)\n```", text, re.DOTALL)
+  assert match, "docs/amp-opt.md has no usage block under ## `amp-opt`"
+  assert match[1] == reference.amp_opt_usage(), (
+      "docs/amp-opt.md's usage block is out of date: replace it with what "
+      f"`{reference.USAGE_COMMAND}` prints")
+
+
 def test_every_amp_opt_flag_is_in_the_reference():
   from stablehlo_amp._src import cli
   help_text = cli._build_parser().format_help()
