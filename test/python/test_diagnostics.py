@@ -440,3 +440,17 @@ def test_a_gpu_step_run_on_cpu_says_it_was_built_for_another_target():
   step = amp.train_step(loss, optax.adam(1e-3), "p=f32,c=bf16,o=f32")
   _, metrics = step(step.init(params), x)
   assert np.isfinite(float(metrics["loss"]))
+
+
+def test_an_f32_collective_of_a_low_op_on_cpu_says_why():
+  from stablehlo_amp._src.report import Collective
+  import dataclasses
+  report = amp.transform(lambda w, x: jnp.tanh(x @ w), "p=f32,c=bf16,o=f32"
+                         ).lower(jnp.ones((8, 8)), jnp.ones((4, 8))).report()
+  moved = Collective("all-gather", "f32", "jvp()/dot_general", 2, 2 ** 20,
+                     precision="low", reason="a dot")
+  text = str(dataclasses.replace(report, target="cpu", collectives=(moved,)))
+  assert "all-gather f32 1.0 MiB (2x) for jvp()/dot_general: low: a dot " \
+      "(XLA:CPU runs bf16 collectives in f32)" in text, text
+  text = str(dataclasses.replace(report, target="gpu", collectives=(moved,)))
+  assert "XLA:CPU" not in text

@@ -568,6 +568,10 @@ class Report:
     for c in self.collectives[:shown]:
       why = f"{c.precision}: {c.reason}" if c.precision else \
           "no decision of ours"
+      # A low op's value moved in f32: on CPU that is XLA's doing, not the
+      # decision's (docs/sharding.md).
+      if self.target == "cpu" and c.dtype == "f32" and c.precision == LOW:
+        why += " (XLA:CPU runs bf16 collectives in f32)"
       lines.append(f"    {c.kind} {c.dtype} {_mib(c.bytes)} "
                    f"({c.count}x) for {c.op or '?'}: {why}")
     if len(self.collectives) > shown:
