@@ -846,10 +846,12 @@ class OuterJit:
     self._target = options.target
 
   def __call__(self, *args, **kwargs):
+    here = pl.default_target()
+    if self._top is self._plain and self._target == here:
+      return self._plain(*args, **kwargs)  # nothing to choose
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     nested = any(isinstance(x, jax.core.Tracer) for x in leaves)
     call = self._plain if nested else self._top
-    here = pl.default_target()
     if nested or self._target == here:
       return call(*args, **kwargs)
     try:  # waits: the failure would otherwise surface when read
