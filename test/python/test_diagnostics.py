@@ -144,7 +144,8 @@ def _mlp_batch(nan_at=None):
 def test_a_nan_in_the_batch_is_the_batchs():
   """docs/numerics.md's MLP with one NaN in its batch: the batch, at its
   leaf, not the first layer (whose rounding of the batch hid it)."""
-  step = amp.train_step(_mlp_loss, optax.adam(1e-3), numerics="provenance")
+  step = amp.train_step(_mlp_loss, optax.adam(1e-3), "p=f32,c=bf16,o=f32",
+                        numerics="provenance")
   state = step.init(_mlp_params())
   batch = _mlp_batch(nan_at=(3, 5))
   _, metrics = step(state, batch)
@@ -156,6 +157,11 @@ def test_a_nan_in_the_batch_is_the_batchs():
   assert "First non-finite: the batch held a NaN (batch[0]), before the " \
       "step computed anything." in text, text
   assert "check the batch" in text
+  # A bf16 step without a loss scale or skip_nonfinite skips nothing, and
+  # explain says it applied the step.
+  assert text.startswith("This step's gradients were not finite, and it "
+                         "applied them: without a loss scale or "
+                         "skip_nonfinite=True a step skips nothing.")
   # explain takes the step (its last program) or the Lowered too.
   lowered = step.lower(state, batch)
   assert amp.explain(metrics, step) == text
@@ -410,36 +416,32 @@ def test_the_fp8_options_say_the_same_thing_everywhere():
                        fp8_fallback=amp.Fp8Fallback())
 
 
-def test_a_gpu_step_run_on_cpu_says_it_was_built_for_another_target():
-  """A target="gpu" rewrite holds dots XLA:CPU cannot run (bf16 x bf16 =
-  f32 behind a transpose): the call says which target it was built for,
-  not only XLA's DotThunk message."""
+def test_a_gpu_program_that_fails_on_cpu_says_it_was_built_for_gpu():
+  """A target="gpu" rewrite may hold what XLA:CPU cannot run (before
+  c0e446e, a linen attention block's bf16 x bf16 = f32 dots: "Unsupported
+  element type for DotThunk::Execute"). A runtime failure of a program
+  built for another target says which target it was built for; here the
+  failure is a host callback's, which fails the same way."""
   if jax.default_backend() != "cpu":
     pytest.skip("the mismatch is a gpu program on a cpu backend")
 
-  class Attention(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-      x = nn.gelu(nn.Dense(128)(x))
-      return nn.Dense(8)(nn.SelfAttention(num_heads=4)(x))
+  def fail(_):
+    raise ValueError("the device failed")
 
-  model = Attention()
-  x = jnp.ones((4, 16, 32))
-  params = model.init(jax.random.key(0), x)
+  def f(w, x):
+    y = jnp.tanh(x @ w)
+    jax.debug.callback(fail, y)
+    return y
 
-  def loss(params, x):
-    return jnp.mean(model.apply(params, x) ** 2)
-
-  step = amp.train_step(loss, optax.adam(1e-3), "p=f32,c=bf16,o=f32",
-                        target="gpu")
+  w, x = jnp.ones((8, 8)), jnp.ones((4, 8))
+  fast = amp.transform(f, "p=f32,c=bf16,o=f32", target="gpu")
   with pytest.raises(RuntimeError, match=r"this program was rewritten for "
-                     r"target='gpu' and ran on cpu, which failed: .*"
-                     r"DotThunk.*Build it with target='cpu'"):
-    step(step.init(params), x)
-  # Built for here, it runs.
-  step = amp.train_step(loss, optax.adam(1e-3), "p=f32,c=bf16,o=f32")
-  _, metrics = step(step.init(params), x)
-  assert np.isfinite(float(metrics["loss"]))
+                     r"target='gpu' and failed running on cpu: .*build it "
+                     r"with target='cpu'"):
+    fast(w, x)
+  # Built for here, the same failure is XLA's own.
+  with pytest.raises(jax.errors.JaxRuntimeError):
+    jax.block_until_ready(amp.transform(f, "p=f32,c=bf16,o=f32")(w, x))
 
 
 def test_an_f32_collective_of_a_low_op_on_cpu_says_why():

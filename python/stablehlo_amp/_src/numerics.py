@@ -347,6 +347,21 @@ def _report_of(source: Any) -> Report:
   raise TypeError(f"explain needs {usage}; got {type(source).__name__}")
 
 
+def _skips(metrics: Mapping[str, Any], step_skips: bool | None,
+           report: Report) -> bool:
+  """Whether the step skips a step that is not finite: with skip_nonfinite
+  (whose ``state_finite`` says so) or a loss scale it does; without either
+  it applies it, as a plain JAX step. The step says; from a report alone,
+  its policy's default loss scale does (f16's is dynamic, the others'
+  none)."""
+  if isinstance(metrics, Mapping) and "state_finite" in metrics:
+    return True
+  if step_skips is not None:
+    return step_skips
+  return (jnp.dtype(policy.as_policy(report.policy).compute_dtype) ==
+          jnp.dtype(jnp.float16))
+
+
 def explain(metrics: Mapping[str, Any] | GemmStats | NonFinite,
             report: Any = None, *, top: int = 8) -> str:
   """What a step's metrics say of its numerics, for people: whether it was
@@ -357,7 +372,9 @@ def explain(metrics: Mapping[str, Any] | GemmStats | NonFinite,
   `train_step`'s, or `GemmStats` or `NonFinite` (merged over steps);
   `report` the step's: the step itself (the program it last built), its
   `Lowered` (``step.lower(state, batch)``) or their `Report`."""
+  step_skips = getattr(report, "skips_nonfinite", None)
   report = _report_of(report)
+  skips = _skips(metrics, step_skips, report)
   if isinstance(metrics, (GemmStats, NonFinite)):
     metrics = {"gemm_stats" if isinstance(metrics, GemmStats)
                else "nonfinite": metrics}
@@ -365,7 +382,10 @@ def explain(metrics: Mapping[str, Any] | GemmStats | NonFinite,
   for key, what in (("grads_finite", "its gradients were not finite"),
                     ("state_finite", "its new state was not finite")):
     if key in metrics and not bool(np.asarray(metrics[key])):
-      lines.append(f"This step was skipped: {what}.")
+      lines.append(
+          f"This step was skipped: {what}." if skips else
+          f"This step's {what[4:]}, and it applied them: without a loss "
+          "scale or skip_nonfinite=True a step skips nothing.")
   if "nonfinite" in metrics:
     lines.extend(explain_nonfinite(metrics["nonfinite"], report))
   if "gemm_stats" in metrics:

@@ -861,10 +861,10 @@ class OuterJit:
       # cannot run (a gpu rewrite's bf16 x bf16 = f32 dots on XLA:CPU).
       raise RuntimeError(
           f"this program was rewritten for target={self._target!r} and "
-          f"ran on {here}, which failed: {str(error).splitlines()[0]}. "
-          f"Build it with target={here!r} (the default here) to run it "
-          f"here; a target={self._target!r} program is for {self._target} "
-          "devices") from error
+          f"failed running on {here}: {str(error).splitlines()[0]}. A "
+          f"program for {self._target} may hold what {here} cannot run: "
+          f"build it with target={here!r} (the default here) to run it "
+          "here") from error
 
   def lower(self, *args, **kwargs):
     return self._top.lower(*args, **kwargs)

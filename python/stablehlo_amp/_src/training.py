@@ -730,6 +730,13 @@ class TrainStep(_LossScaledProgram):
     self._outer = _outer_jit(self)
 
   @property
+  def skips_nonfinite(self) -> bool:
+    """Whether a step whose gradients (or new state) are not finite is
+    skipped: with a loss scale, or skip_nonfinite=True. Without either it
+    is applied, as in a plain JAX step."""
+    return self._watch.scaled or self._options.skip_nonfinite
+
+  @property
   def fp8_fallbacks(self) -> tuple[numerics.Fp8FallbackEvent, ...]:
     """The GEMMs `fp8_fallback` moved to the compute dtype so far, each
     with the step after which it moved and the statistics that moved it."""
