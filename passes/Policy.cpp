@@ -241,10 +241,24 @@ llvm::Expected<Policy> mlir::amp::parsePolicy(llvm::StringRef text) {
     if (slot->has_value())
       return optionError("policy key '" + key + "' given twice");
     std::optional<Dtype> dtype = lookup(kDtypeSpellings, value);
-    if (!dtype)
-      return optionError("unknown dtype '" + value + "' for key '" + key +
-                         "' (accepted: " + acceptedNames(kDtypeSpellings) +
-                         ")");
+    if (!dtype) {
+      // The FP8 formats are not accepted here (see below): not listed.
+      llvm::SmallVector<llvm::StringRef> names;
+      for (const Spelling<Dtype> &spelling : kDtypeSpellings)
+        if (!isFp8(spelling.value))
+          names.push_back(spelling.name);
+      std::string lowered = llvm::StringRef(value).lower();
+      bool fp8 = llvm::StringRef(lowered).starts_with("f8") ||
+                 llvm::StringRef(lowered).starts_with("float8");
+      return optionError(
+          "unknown dtype '" + value + "' for key '" + key + "' (accepted: " +
+          llvm::join(names, ", ") + ")" +
+          (fp8 ? "; FP8 is a GEMM operand format, not a " + match->role +
+                     " dtype: keep " + match->role +
+                     " in bf16/f16/f32 and add gemm=f8 (for example "
+                     "p=f32,c=bf16,o=f32,gemm=f8)"
+               : std::string()));
+    }
     if (isFp8(*dtype))
       // FP8 has no arithmetic worth doing elementwise, and unscaled FP8
       // overflows to NaN: it is only an operand format for scaled GEMMs.

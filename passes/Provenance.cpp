@@ -120,12 +120,50 @@ bool movesValues(Operation *op) {
                                  op->getResult(0).getType())));
 }
 
+/// The name JAX gives an argument of a lowered function, its path in the
+/// argument trees (`batch[0]['x']`); empty where it has none.
+llvm::StringRef argumentName(BlockArgument argument) {
+  auto named = dyn_cast<NameLoc>(argument.getLoc());
+  return named ? named.getName().getValue() : "";
+}
+
+/// The argument tree a name is of: `batch` for `batch[0]['x']`.
+llvm::StringRef argumentTree(llvm::StringRef name) {
+  return name.take_until([](char c) { return c == '[' || c == '.'; });
+}
+
+/// An argument tree of at most this many leaves has an input region per
+/// leaf, so that a NaN in a batch of a few arrays is reported with the
+/// leaf's path; a larger one (the parameters of a model) has one.
+constexpr int64_t kLeavesByName = 16;
+
 /// The element type of a float tensor with elements; null otherwise.
 FloatType checkedElementType(Value value) {
   std::optional<int64_t> count = shlo::numElements(value.getType());
   if (!count || *count == 0)
     return {};
   return shlo::getFloatElementType(value.getType());
+}
+
+/// The format a value's elements were last rounded to: its own, or that of
+/// the narrower value it widens back exactly, through optimization barriers
+/// and moves (a value stored in f16 and read back in f32 overflowed f16,
+/// not f32).
+FloatType roundedFormat(Value value) {
+  FloatType narrowest = checkedElementType(value);
+  for (int depth = 0; narrowest && depth < 8; ++depth) {
+    Operation *op = value.getDefiningOp();
+    if (op && shlo::isOptimizationBarrier(op))
+      value = op->getOperand(cast<OpResult>(value).getResultNumber());
+    else if (op && movesValues(op))
+      value = op->getOperand(0);
+    else
+      break;
+    FloatType element = shlo::getFloatElementType(value.getType());
+    if (element && element.getWidth() < narrowest.getWidth())
+      narrowest = element;
+  }
+  return narrowest;
 }
 
 } // namespace
@@ -136,10 +174,31 @@ namespace {
 /// (`decideChecks`).
 class RegionFinder {
 public:
+  /// Region 0 is the step's unnamed inputs; each named argument tree
+  /// (`params`, `batch`: JAX's names for a lowered function's arguments),
+  /// or each of its leaves where it has few, is an input region of its own,
+  /// so that a NaN in the batch is reported as the batch's.
   explicit RegionFinder(func::FuncOp main) : body(main.front()) {
-    regions.emplace_back();
-    regions[0].key = "inputs";
-    reads.emplace_back();
+    openInput("inputs", nullptr);
+    llvm::StringMap<int64_t> leaves;
+    for (BlockArgument argument : body.getArguments())
+      if (checkedElementType(argument))
+        ++leaves[argumentTree(argumentName(argument))];
+    for (BlockArgument argument : body.getArguments()) {
+      llvm::StringRef name =
+          checkedElementType(argument) ? argumentName(argument) : "";
+      llvm::StringRef key = leaves[argumentTree(name)] <= kLeavesByName
+                                ? name
+                                : argumentTree(name);
+      int64_t region = 0;
+      if (!key.empty()) {
+        auto [open, added] = inputByKey.try_emplace(key, regions.size());
+        if (added)
+          openInput(key, &argument);
+        region = open->second;
+      }
+      inputOf.push_back(region);
+    }
   }
 
   std::vector<ProvenanceRegion> find() {
@@ -154,6 +213,9 @@ public:
 private:
   Block &body;
   std::vector<ProvenanceRegion> regions;
+  /// The input region of each of main's arguments, and of each tree.
+  llvm::SmallVector<int64_t> inputOf;
+  llvm::StringMap<int64_t> inputByKey;
   llvm::StringMap<int64_t> openByKey;
   llvm::DenseMap<Operation *, int64_t> regionOfOp;
   /// What the front end's gradients call (an identity amp-loss-scale
@@ -170,11 +232,23 @@ private:
   /// Rounded copies checked for the region of the value they round.
   llvm::SmallVector<std::pair<Value, int64_t>> roundedFor;
 
+  void openInput(llvm::StringRef key, BlockArgument *argument) {
+    regions.emplace_back();
+    regions.back().key = key.str();
+    if (argument)
+      regions.back().argument = *argument;
+    reads.emplace_back();
+  }
+  /// Whether `region` is one of the step's inputs (no op's).
+  bool isInput(int64_t region) {
+    return region >= 0 && !regions[region].first;
+  }
   int64_t regionOf(Value value) {
     if (auto found = passedOn.find(value); found != passedOn.end())
       return found->second;
     if (auto argument = dyn_cast<BlockArgument>(value))
-      return argument.getOwner() == &body ? 0 : -1;
+      return argument.getOwner() == &body ? inputOf[argument.getArgNumber()]
+                                          : -1;
     Operation *op = body.findAncestorOpInBlock(*value.getDefiningOp());
     auto found = regionOfOp.find(op);
     return found == regionOfOp.end() ? -1 : found->second;
@@ -235,11 +309,24 @@ void RegionFinder::assign(Operation &op) {
   });
   int64_t region = -1;
   if (key.empty()) {
-    for (Value operand : op.getOperands())
-      if ((region = regionOf(operand)) > 0)
+    int64_t input = -1;
+    for (Value operand : op.getOperands()) {
+      int64_t from = regionOf(operand);
+      if (from >= 0 && !isInput(from)) {
+        region = from;
         break;
-    if (region <= 0)
+      }
+      if (input < 0 && from > 0)
+        input = from;
+    }
+    if (region < 0) {
+      // Of inputs alone (the batch's rounding, named as its argument): its
+      // values are of the input they read, for the regions that read them.
+      if (input > 0)
+        for (Value result : op.getResults())
+          passedOn[result] = input;
       return;
+    }
     key = regions[region].key;
   } else if (auto open = openByKey.find(key); open != openByKey.end()) {
     region = open->second;
@@ -293,7 +380,10 @@ bool RegionFinder::leaves(Value value, int64_t region) {
     if (isGradientsCall(reader))
       return leaves(reader->getResult(use.getOperandNumber()), region);
     int64_t other = regionOf(reader);
-    return other >= 0 && other != region;
+    // (An input's reader may be in no region: an op that reads inputs alone
+    // and has no location to group by, as the rounding of the batch that
+    // carries the argument's own name.)
+    return other != region && (other >= 0 || isInput(region));
   });
 }
 
@@ -348,7 +438,7 @@ void RegionFinder::decide(Value value, int64_t region) {
   guarded.insert(value);
   // (Not an input's: it is read where it is anyway, and its rounding is no
   // part of the inputs.)
-  if (Value rounded = region > 0 ? roundedCopy(value) : Value()) {
+  if (Value rounded = isInput(region) ? Value() : roundedCopy(value)) {
     roundedFor.push_back({rounded, region});
     return;
   }
@@ -362,7 +452,7 @@ void RegionFinder::decideChecks() {
       for (Value result : op.getResults())
         decide(result, region);
   for (BlockArgument argument : body.getArguments())
-    decide(argument, 0);
+    decide(argument, regionOf(argument));
   // A value that only moves one another region made (a reshape, transpose,
   // broadcast or exact widening of it) is non-finite exactly where that one
   // is, and then that region's bit is set: it is not checked again. (Never
@@ -377,7 +467,7 @@ void RegionFinder::decideChecks() {
 void RegionFinder::handOn(int64_t region, Value value) {
   ProvenanceRegion &target = regions[region];
   target.handedOn.push_back(value);
-  FloatType element = checkedElementType(value);
+  FloatType element = roundedFormat(value);
   if (!target.narrowest || element.getWidth() < target.narrowest.getWidth())
     target.narrowest = element;
 }
@@ -387,7 +477,7 @@ void RegionFinder::collectChecks() {
     handOn(region, rounded);
   for (BlockArgument argument : body.getArguments())
     if (checked.contains(argument))
-      handOn(0, argument);
+      handOn(regionOf(argument), argument);
   for (Operation &op : body.without_terminator())
     if (int64_t region = regionOf(&op); region >= 0)
       for (Value result : op.getResults())
@@ -662,9 +752,12 @@ Value mlir::amp::buildProvenanceBits(OpBuilder &builder, func::FuncOp main,
       readAfterCheck(builder, main.getLoc(), uses, never);
     inputs.clear();
   };
+  bool held = false;
   for (auto [index, region] : llvm::enumerate(regions)) {
-    if (index == 1)
+    if (region.first && !held) { // the first region of ops
       holdInputs();
+      held = true;
+    }
     for (Value value : region.handedOn) {
       // Next to the value, so XLA can fuse the check into the kernel that
       // writes it, and the value need not live longer for it. (Checking the
@@ -720,10 +813,11 @@ mlir::amp::provenanceRegionsAttr(MLIRContext *context,
   llvm::SmallVector<Attribute> records;
   for (const ProvenanceRegion &region : regions) {
     std::string loc;
-    if (region.first) {
-      llvm::raw_string_ostream os(loc);
+    llvm::raw_string_ostream os(loc);
+    if (region.first)
       region.first->getLoc().print(os);
-    }
+    else if (region.argument)
+      region.argument.getLoc().print(os);
     llvm::SmallVector<Attribute> primitives, inputs;
     for (const std::string &primitive : region.primitives)
       primitives.push_back(builder.getStringAttr(primitive));

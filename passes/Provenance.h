@@ -23,14 +23,19 @@ namespace mlir::amp {
 /// One region of a step: its ops in main's body, what it reads from other
 /// regions, and the values it hands on (read by another region, or
 /// returned), which are checked. Region 0 is the step's inputs (main's
-/// arguments).
+/// arguments) that have no name; each argument tree JAX named (`params`,
+/// `batch`: the root of the argument's name location), or each leaf of a
+/// tree of at most 16, is an input region of its own, after region 0 and
+/// before the regions of ops.
 struct ProvenanceRegion {
   std::string key;
   Operation *first = nullptr;       ///< null for the inputs
+  /// The first argument of an input region of a named argument tree.
+  Value argument;
   llvm::SetVector<int64_t> inputs;  ///< regions it reads, in first-read order
   llvm::SmallVector<Value> handedOn;
   llvm::SmallVector<std::string> primitives; ///< JAX primitives, in order
-  FloatType narrowest;              ///< of the values it hands on
+  FloatType narrowest;              ///< of the values it hands on, as rounded
 };
 
 /// The regions of `main`'s body in program order (the step's inputs first).

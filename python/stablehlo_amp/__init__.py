@@ -9,7 +9,8 @@ from stablehlo_amp._src.loss_scale import (DynamicLossScale, NoOpLossScale,
                                            StaticLossScale, all_finite,
                                            select_tree)
 from stablehlo_amp._src.pipeline import (AmpError, InvalidIRError,
-                                         RewriteError, RewriteOptions,
+                                         OptionError, RewriteError,
+                                         RewriteOptions,
                                          RewriteResult, VerificationError,
                                          rewrite, rewrite_module)
 from stablehlo_amp._src.numerics import (Fp8Fallback, Fp8FallbackEvent,
@@ -43,6 +44,7 @@ __all__ = [
     "InvalidIRError",
     "Lowered",
     "OpDecision",
+    "OptionError",
     "Policy",
     "Report",
     "RewriteError",

@@ -16,11 +16,13 @@
 // The regions, in the order of their first op: the inputs; forward of
 // Model/Dense_0 (scoped: one region for both lines); the loss's own forward
 // ops (`jvp(loss)` is no scope: by line); the backward of Model/Dense_0 (a
-// different transformation); the loop.
+// different transformation); the loop. A region's format is the one its
+// values were last rounded to: the loss's sum is checked as its widening to
+// f32, and it was computed, and could overflow, in bf16.
 // REGIONS: amp.nonfinite_regions = [
 // REGIONS-SAME: {format = "bf16", inputs = [], loc = "", primitives = [], values = 2 : i64},
 // REGIONS-SAME: {format = "bf16", inputs = [0], loc = "{{.*}}jvp(Model)/Dense_0/dot_general{{.*}}", primitives = ["dot_general", "tanh"], values = 1 : i64},
-// REGIONS-SAME: {format = "f32", inputs = [1], loc = "{{.*}}jvp(loss)/reduce_sum{{.*}}", primitives = ["reduce_sum"], values = 1 : i64},
+// REGIONS-SAME: {format = "bf16", inputs = [1], loc = "{{.*}}jvp(loss)/reduce_sum{{.*}}", primitives = ["reduce_sum"], values = 1 : i64},
 // REGIONS-SAME: {format = "f8e4m3fn", inputs = [2, 0], loc = "{{.*}}transpose(jvp(Model))/Dense_0/mul{{.*}}", primitives = ["mul"], values = 1 : i64},
 // REGIONS-SAME: {format = "f8e4m3fn", inputs = [3], loc = "{{.*}}jvp(loss)/while{{.*}}", primitives = ["while"], values = 1 : i64}]
 

@@ -61,6 +61,10 @@ def test_unreadable_input_is_exit_1_with_a_location(capsys, tmp_path, out,
 
 @pytest.mark.parametrize("policy, message", [
     ("p=f32,c=bf17", r"unknown dtype 'bf17' for key 'c' \(accepted: f32, "),
+    # FP8 formats are not listed as accepted where they are refused.
+    ("p=f32,c=f8", r"unknown dtype 'f8' for key 'c' \(accepted: f32, float32,"
+     r" full, bf16, bfloat16, f16, float16, half, f64, float64\); FP8 is a "
+     r"GEMM operand format, not a compute dtype: .*add gemm=f8"),
     ("q=f32", r"unknown policy key 'q' \(accepted: p\|param\|params"),
     ("p=f32,p=bf16", r"policy key 'p' given twice"),
     ("p=", r"malformed policy entry 'p='"),
@@ -82,6 +86,9 @@ def test_invalid_policy_is_exit_2_naming_the_accepted_forms(capsys, out,
     (["--level", "O4"], r"unknown level 'O4' \(accepted: O0, O1, O2, O3\)"),
     (["--keep-f32", "tanh", "--force-compute", "tanh"],
      r"both keep_f32 and force_compute: stablehlo.tanh"),
+    # An option that does not fit the module is usage too, not invalid IR.
+    (["--policy", "p=f32,c=bf16,o=f32,gemm=f8", "--keep-gemms", "7"],
+     r"invalid option 'keep-gemms': no low-precision dot 7"),
 ])
 def test_invalid_options_are_exit_2(capsys, out, flags, message):
   status, _, err = run(capsys, INPUTS / "custom_call.mlir", *flags, "-o", out)

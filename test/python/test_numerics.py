@@ -262,7 +262,8 @@ def test_bad_numerics_values_and_entry_points():
   other_report = other.lower(batch[0], params["w1"]).report()
   with pytest.raises(ValueError, match=r"give the report of the step"):
     amp.explain(metrics, other_report)
-  with pytest.raises(TypeError, match=r"needs the step's Report"):
+  with pytest.raises(TypeError, match=r"explain needs amp.explain\(metrics, "
+                     r"step\) .*or its Report \(.report\(\)\); got str"):
     amp.explain(metrics, "report")
   none_step, _, _ = _mlp_setup()
   _, plain = none_step(none_step.init(params), batch)

@@ -20,6 +20,15 @@ GUIDES = sorted(DOCS.glob("*.md"))
 GUIDE_PRINTS = {
     "fp8.md": ["FP8 GEMMs:"],
     "calibration.md": ["calibration: tolerance 0.0001"],
+    # The walk-through's three diagnoses, as the guide shows them.
+    "numerics.md": [
+        "First non-finite: the batch held a NaN (batch[0]), before the step "
+        "computed anything.",
+        "(bf16 overflow, then NaN: max finite 3.38953e+38, f32's too: not a "
+        "precision problem)",
+        "First non-finite: backward of `log_softmax` (neg, reduce_sum, "
+        "reshape, div, ...) at numerics.md python block",
+        "(f16 overflow: max finite 65504)"],
 }
 
 
@@ -114,6 +123,16 @@ def test_the_reference_is_what_its_generator_prints():
   assert REFERENCE.read_text() == expected, (
       f"docs/reference.md is out of date: run `{reference.COMMAND}` from "
       "the repository root")
+
+
+def test_amp_opt_md_shows_the_parsers_usage():
+  from stablehlo_amp._src import reference
+  text = (DOCS / "amp-opt.md").read_text()
+  match = re.search(r"## `amp-opt`\n\n```\n(.*?)\n```", text, re.DOTALL)
+  assert match, "docs/amp-opt.md has no usage block under ## `amp-opt`"
+  assert match[1] == reference.amp_opt_usage(), (
+      "docs/amp-opt.md's usage block is out of date: replace it with what "
+      f"`{reference.USAGE_COMMAND}` prints")
 
 
 def test_every_amp_opt_flag_is_in_the_reference():

@@ -1213,9 +1213,12 @@ def test_steps_skipped_by_a_forward_overflow_warn_once(recwarn):
   stuck = [w for w in recwarn if "training is not progressing" in str(
       w.message)]
   assert len(stuck) == 1, [str(w.message) for w in recwarn]
-  assert "the loss itself is not finite: the forward pass overflows in " \
-         "float16" in str(stuck[0].message)
-  assert "(its minimum)" in str(stuck[0].message)
+  message = str(stuck[0].message)
+  assert "the loss is not finite at the current parameters, which no loss " \
+         "scale can fix. It may be an overflow in float16 or a run that " \
+         "diverges" in message
+  assert "numerics='provenance'" in message and "c=f32" in message
+  assert "(its minimum)" in message
 
 
 def test_finite_steps_do_not_warn(recwarn):

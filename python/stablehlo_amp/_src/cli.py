@@ -294,9 +294,14 @@ def _rewrite_chunks(args: argparse.Namespace, chunks: list, name: str,
         print(result.calibration, file=sys.stderr)
       if args.report and result.report is not None:
         print(result.report, file=sys.stderr)
+    except pl.OptionError as error:
+      # An option that does not fit the module (--keep-gemms 7 of a module
+      # with one GEMM) is a usage error, not invalid IR.
+      print(error, file=sys.stderr)
+      status = max(status, EXIT_USAGE)
     except pl.AmpError as error:
       print(error, file=sys.stderr)
-      status = EXIT_INVALID_IR
+      status = max(status, EXIT_INVALID_IR)
   return outputs, status
 
 

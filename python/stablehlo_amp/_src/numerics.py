@@ -143,6 +143,10 @@ def measurements(measured: Mapping[str, Any]) -> dict[str, Any]:
   return metrics
 
 
+# The largest finite bf16 (f32's range, at 8 bits of precision).
+_F32_MAX_ROUNDED = float(jnp.finfo(jnp.bfloat16).max)
+
+
 def _limit(fmt: str, what: str) -> str:
   """Why a value of `fmt` (the contract's dtype name) is what it is, for
   people."""
@@ -152,7 +156,10 @@ def _limit(fmt: str, what: str) -> str:
     except KeyError:  # a format the contract has no name for
       return f"{fmt} {what}"
     kind = "overflow" if what == "infinity" else "overflow, then NaN"
-    return f"{fmt} {kind}: max finite {largest:.6g}"
+    # bf16 has f32's range: what overflows it overflows f32 too.
+    same = (", f32's too: not a precision problem"
+            if fmt != "f32" and largest >= _F32_MAX_ROUNDED else "")
+    return f"{fmt} {kind}: max finite {largest:.6g}{same}"
   return f"{fmt} {what}" if fmt else what
 
 
@@ -160,13 +167,12 @@ def explain_nonfinite(bits: NonFinite, report: Report) -> list[str]:
   """The lines of `explain` on provenance: the first region to go
   non-finite, where it is and why, and how many followed."""
   flagged = bits.regions(report)
+  watched = sum(not region.is_input for region in report.regions)
   if not flagged:
-    return [f"Every value of the {len(report.regions) - 1} regions watched "
-            "was finite."]
+    return [f"Every value of the {watched} regions watched was finite."]
   region, what = bits.first(report)
-  if region.index == 0:
-    lines = [f"First non-finite: the inputs held {_article(what)} (an "
-             "argument: a step's parameters, optimizer state or batch)."]
+  if region.is_input:
+    lines = _explain_input(region, what)
   else:
     where = _relative(region.where)
     at = f" at {where}" if where not in region.name else ""
@@ -177,8 +183,29 @@ def explain_nonfinite(bits: NonFinite, report: Report) -> list[str]:
                  f"{len(report.regions) - 1} regions handed on non-finite "
                  "values, the next:")
     for later, kind in flagged[:8]:
-      if later is not region:
+      if later is region:
+        continue
+      if later.is_input:
+        at = f" at {later.argument}" if later.argument else ""
+        lines.append(f"  {later.name}{at} ({kind})")
+      else:
         lines.append(f"  {later.name} at {_relative(later.where)} ({kind})")
+  return lines
+
+
+def _explain_input(region: Region, what: str) -> list[str]:
+  """The first non-finite value was an input: which, and what that means
+  (a NaN in the batch is bad data, not precision)."""
+  if region.index == 0:
+    return [f"First non-finite: the inputs held {_article(what)} (an "
+            "argument: a step's parameters, optimizer state or batch)."]
+  at = (region.argument if region.values == 1 else
+        f"one of its {region.values} arrays")
+  lines = [f"First non-finite: {region.name} held {_article(what)} ({at}), "
+           "before the step computed anything."]
+  if region.tree in ("batch", "rest", "flat_leaves"):
+    lines.append("The data is not finite, whatever the precision: check the "
+                 "batch (jnp.isfinite) before the step.")
   return lines
 
 
@@ -187,8 +214,17 @@ def _article(what: str) -> str:
 
 
 def _relative(path: str) -> str:
+  """`path` relative to the working directory when under it, and an
+  installed package's file relative to its ``site-packages``
+  (``optax/_src/update.py:42``)."""
   here = os.getcwd().rstrip(os.sep) + os.sep
-  return path[len(here):] if path.startswith(here) else path
+  if path.startswith(here):
+    return path[len(here):]
+  for packages in (f"{os.sep}site-packages{os.sep}",
+                   f"{os.sep}dist-packages{os.sep}"):
+    if packages in path:
+      return path.rsplit(packages, 1)[1]
+  return path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,18 +318,63 @@ def operand_stats(stats: GemmStats, report: Report) -> list[OperandStats]:
   return sorted(rows, key=lambda row: -row.loss)
 
 
+def _report_of(source: Any) -> Report:
+  """The Report `explain` reads: `source` itself, a `Lowered`'s, or the
+  one of the program a step (`train_step`, `value_and_grad`, `transform`)
+  last built."""
+  usage = ("amp.explain(metrics, step) with the step that returned them, "
+           "amp.explain(metrics, step.lower(state, batch)), or its "
+           "Report (.report())")
+  if isinstance(source, Report):
+    return source
+  if source is None:
+    raise TypeError("explain needs the step, to name the regions and GEMMs "
+                    f"its metrics index: {usage}")
+  last = getattr(source, "last_report", None)
+  if callable(last):
+    report = last()
+    if report is None:
+      raise ValueError(f"this {type(source).__name__} has built no program "
+                       "yet: call it, then explain what it returned")
+    return report
+  lowered = getattr(source, "report", None)
+  if callable(lowered):
+    report = lowered()
+    if report is None:
+      raise ValueError("this Lowered has no report: its rewrite fell back "
+                       "to the original program, which measures nothing")
+    return report
+  raise TypeError(f"explain needs {usage}; got {type(source).__name__}")
+
+
+def _skips(metrics: Mapping[str, Any], step_skips: bool | None,
+           report: Report) -> bool:
+  """Whether the step skips a step that is not finite: with skip_nonfinite
+  (whose ``state_finite`` says so) or a loss scale it does; without either
+  it applies it, as a plain JAX step. The step says; from a report alone,
+  its policy's default loss scale does (f16's is dynamic, the others'
+  none)."""
+  if isinstance(metrics, Mapping) and "state_finite" in metrics:
+    return True
+  if step_skips is not None:
+    return step_skips
+  return (jnp.dtype(policy.as_policy(report.policy).compute_dtype) ==
+          jnp.dtype(jnp.float16))
+
+
 def explain(metrics: Mapping[str, Any] | GemmStats | NonFinite,
-            report: Report, *, top: int = 8) -> str:
+            report: Any = None, *, top: int = 8) -> str:
   """What a step's metrics say of its numerics, for people: whether it was
   skipped and why; with ``numerics="provenance"``, the first region to go
   non-finite, where it is and why; with ``numerics="stats"``, its `top`
   low-precision GEMM operands ranked by the fraction of values their
   rounding lost (underflow) or could not hold (saturated). `metrics` is a
   `train_step`'s, or `GemmStats` or `NonFinite` (merged over steps);
-  `report` the step's (``step.lower(state, batch).report()``)."""
-  if not isinstance(report, Report):
-    raise TypeError(f"explain needs the step's Report, got "
-                    f"{type(report).__name__}")
+  `report` the step's: the step itself (the program it last built), its
+  `Lowered` (``step.lower(state, batch)``) or their `Report`."""
+  step_skips = getattr(report, "skips_nonfinite", None)
+  report = _report_of(report)
+  skips = _skips(metrics, step_skips, report)
   if isinstance(metrics, (GemmStats, NonFinite)):
     metrics = {"gemm_stats" if isinstance(metrics, GemmStats)
                else "nonfinite": metrics}
@@ -301,7 +382,10 @@ def explain(metrics: Mapping[str, Any] | GemmStats | NonFinite,
   for key, what in (("grads_finite", "its gradients were not finite"),
                     ("state_finite", "its new state was not finite")):
     if key in metrics and not bool(np.asarray(metrics[key])):
-      lines.append(f"This step was skipped: {what}.")
+      lines.append(
+          f"This step was skipped: {what}." if skips else
+          f"This step's {what[4:]}, and it applied them: without a loss "
+          "scale or skip_nonfinite=True a step skips nothing.")
   if "nonfinite" in metrics:
     lines.extend(explain_nonfinite(metrics["nonfinite"], report))
   if "gemm_stats" in metrics:

@@ -209,10 +209,17 @@ class RewriteOptions:
       raise ValueError(
           f"fp8_scaling='mxfp8' stores E4M3 data and policy {policy} asks "
           "for e5m2 operands: use gemm=f8 or gemm=f8e4m3fn with it")
-    if self.keep_gemms and policy.gemm == contract.values("gemm").compute:
+    no_fp8 = policy.gemm == contract.values("gemm").compute
+    if self.keep_gemms and no_fp8:
       raise ValueError(
           f"keep_gemms keeps FP8 GEMMs in the compute dtype, and policy "
           f"{policy} has none: add gemm=f8 (for example "
+          "p=f32,c=bf16,o=f32,gemm=f8)")
+    scaling = contract.options()["fp8_scaling"]["default"]
+    if self.fp8_scaling != scaling and no_fp8:
+      raise ValueError(
+          f"fp8_scaling={self.fp8_scaling!r} scales the operands of FP8 "
+          f"GEMMs, and policy {policy} has none: add gemm=f8 (for example "
           "p=f32,c=bf16,o=f32,gemm=f8)")
     compute = dtype_name(policy.compute_dtype)
     named = contract.values("reduce_dtype")

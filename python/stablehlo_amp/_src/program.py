@@ -843,13 +843,28 @@ class OuterJit:
       donate["donate_argnames"] = donate_argnames
     self._top = (jax.jit(fun, **jit_options, **donate, **compiler_options)
                  if compiler_options or donate else self._plain)
+    self._target = options.target
 
   def __call__(self, *args, **kwargs):
-    if self._top is self._plain:  # nothing to choose
-      return self._plain(*args, **kwargs)
+    here = pl.default_target()
+    if self._top is self._plain and self._target == here:
+      return self._plain(*args, **kwargs)  # nothing to choose
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     nested = any(isinstance(x, jax.core.Tracer) for x in leaves)
-    return (self._plain if nested else self._top)(*args, **kwargs)
+    call = self._plain if nested else self._top
+    if nested or self._target == here:
+      return call(*args, **kwargs)
+    try:  # waits: the failure would otherwise surface when read
+      return jax.block_until_ready(call(*args, **kwargs))
+    except jax.errors.JaxRuntimeError as error:
+      # A program rewritten for another backend may hold what this one
+      # cannot run (a gpu rewrite's bf16 x bf16 = f32 dots on XLA:CPU).
+      raise RuntimeError(
+          f"this program was rewritten for target={self._target!r} and "
+          f"failed running on {here}: {str(error).splitlines()[0]}. A "
+          f"program for {self._target} may hold what {here} cannot run: "
+          f"build it with target={here!r} (the default here) to run it "
+          "here") from error
 
   def lower(self, *args, **kwargs):
     return self._top.lower(*args, **kwargs)

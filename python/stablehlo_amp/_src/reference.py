@@ -1,6 +1,7 @@
 """Prints docs/reference.md: the options, flags, passes and report keys.
 
     python -m stablehlo_amp._src.reference > docs/reference.md
+    python -m stablehlo_amp._src.reference --usage  # docs/amp-opt.md's block
 
 Everything here is read from what the package ships: the C++ contract
 (`contract.document()`, from `passes/Contract.cpp`), `passes.md` (which
@@ -23,6 +24,7 @@ from stablehlo_amp._src import contract
 from stablehlo_amp._src import pipeline as pl
 
 COMMAND = "python -m stablehlo_amp._src.reference > docs/reference.md"
+USAGE_COMMAND = "python -m stablehlo_amp._src.reference --usage"
 
 
 def _cell(text: Any) -> str:
@@ -157,6 +159,16 @@ def _flag_text(action: argparse.Action) -> str:
                    for flag in action.option_strings)
 
 
+def amp_opt_usage(width: int = 78) -> str:
+  """`amp-opt`'s usage line as its parser makes it, at a fixed width (not
+  the terminal's): docs/amp-opt.md's first block."""
+  parser = cli._build_parser()
+  formatter = argparse.HelpFormatter(prog=parser.prog, width=width)
+  formatter.add_usage(parser.usage, parser._actions,
+                      parser._mutually_exclusive_groups, prefix="")
+  return formatter.format_help().strip("\n")
+
+
 def _amp_opt() -> list[str]:
   lines = ["## `amp-opt` flags", "",
            "Every flag of `amp-opt --help`, from its parser; the rewrite "
@@ -267,7 +279,10 @@ def markdown() -> str:
 
 
 def main() -> None:
-  sys.stdout.write(markdown())
+  if sys.argv[1:] == ["--usage"]:
+    sys.stdout.write(amp_opt_usage() + "\n")
+  else:
+    sys.stdout.write(markdown())
 
 
 if __name__ == "__main__":

@@ -96,14 +96,21 @@ class Located:
   @property
   def phase(self) -> str:
     """``"forward"``, ``"backward"`` or ``"optimizer"`` for an op of a
-    program JAX traced (from its name and frames: autodiff's transpose is
-    the backward pass, optax's frames the optimizer); empty otherwise."""
+    program JAX traced; empty otherwise. JAX's autodiff markers decide
+    first: its transpose is the backward pass and its `jvp` the forward
+    pass, whichever library the op's lines are in (an optax loss is part
+    of the model's passes). Of the other ops, those with optax frames are
+    the optimizer's."""
     match = _NAME.match(self.loc)
     if not match:
       return ""
+    if "transpose(" in match[1]:
+      return "backward"
+    if "jvp(" in match[1]:
+      return "forward"
     if any("/optax/" in file for file, _ in _FRAME.findall(self.loc)):
       return "optimizer"
-    return "backward" if "transpose(" in match[1] else "forward"
+    return "forward"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,11 +145,24 @@ class OpDecision(Located):
     return f"{text} ({self.detail})" if self.detail else text
 
 
+# An input region's location: the name JAX gives its (first) argument.
+_ARGUMENT = re.compile(r'^loc\("([^"]*)"\)$')
+# The argument trees of the programs the driver lowers, as people read them
+# (value_and_grad's are its function's positional arguments, transform's
+# their flattened leaves).
+_TREES = {"params": "the parameters", "opt_state": "the optimizer state",
+          "model_state": "the model state", "batch": "the batch",
+          "seed": "the loss scale", "diff": "the arguments",
+          "rest": "the arguments", "flat_leaves": "the inputs"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Region(Located):
   """One region of a step that ``numerics="provenance"`` watches: ops of
   one name scope and phase at one source line (``op`` names the first).
-  Region 0 is the step's inputs."""
+  Region 0 is the step's inputs that have no name; the regions after it
+  that have no primitives are its named inputs (`is_input`): each argument
+  tree (``params``, ``batch``), or each leaf of a tree of at most 16."""
   index: int
   loc: str
   op: str
@@ -152,11 +172,44 @@ class Region(Located):
   values: int                  # how many values it hands on (each checked)
 
   @property
+  def argument(self) -> str:
+    """A named input region's argument path (``"batch[0]"``, ``"argument
+    1['x']"``): of its only array where `values` is 1, else of its first;
+    empty for the other regions."""
+    match = (_ARGUMENT.match(self.loc)
+             if self.index and not (self.primitives or self.inputs) else None)
+    if not match:
+      return ""
+    path = match[1]
+    if (position := re.match(r"^(?:diff|rest)\[(\d+)\](.*)$", path)):
+      return f"argument {position[1]}{position[2]}"
+    if (leaf := re.match(r"^flat_leaves\[(\d+)\]$", path)):
+      return f"input leaf {leaf[1]}"
+    return path
+
+  @property
+  def is_input(self) -> bool:
+    """Whether it is one of the step's inputs (region 0, or a named one)."""
+    return self.index == 0 or bool(self.argument)
+
+  @property
+  def tree(self) -> str:
+    """A named input region's argument tree (``"batch"``); else empty."""
+    match = _ARGUMENT.match(self.loc) if self.argument else None
+    return re.split(r"[\[.]", match[1], maxsplit=1)[0] if match else ""
+
+  @property
+  def phase(self) -> str:
+    return "" if self.is_input else super().phase
+
+  @property
   def name(self) -> str:
     """``"backward of Model/Block_3/attn (exp, reduce_max)"``, ``"the
-    step's inputs"``."""
+    batch"``, ``"the step's inputs"``."""
     if self.index == 0:
       return "the step's inputs"
+    if self.is_input:
+      return _TREES.get(self.tree, f"the argument `{self.tree}`")
     what = ", ".join(self.primitives[:4]) + (
         ", ..." if len(self.primitives) > 4 else "")
     scope = f"`{self.scope}`" if self.scope else "the step"
@@ -515,6 +568,10 @@ class Report:
     for c in self.collectives[:shown]:
       why = f"{c.precision}: {c.reason}" if c.precision else \
           "no decision of ours"
+      # A low op's value moved in f32: on CPU that is XLA's doing, not the
+      # decision's (docs/sharding.md).
+      if self.target == "cpu" and c.dtype == "f32" and c.precision == LOW:
+        why += " (XLA:CPU runs bf16 collectives in f32)"
       lines.append(f"    {c.kind} {c.dtype} {_mib(c.bytes)} "
                    f"({c.count}x) for {c.op or '?'}: {why}")
     if len(self.collectives) > shown:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import inspect
+import sys
 import warnings
 
 import jax
@@ -30,6 +31,7 @@ from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
 from stablehlo_amp._src import train_state as ts
 from stablehlo_amp._src.loss_scale import (DynamicLossScale, LossScale,
+                                           NoOpLossScale,
                                            check_loss_scale,
                                            default_loss_scale)
 from stablehlo_amp._src.policy import Policy, as_policy
@@ -169,6 +171,62 @@ def _grad_of_floats(loss_fn: Callable, params: Any, seed: jax.Array, *,
   return loss, aux, grads_tree
 
 
+def _random_state_paths(tree: Any) -> list[str]:
+  """The paths of `tree`'s random state: PRNG keys, and a flax nnx
+  Module's RNG state (its `RngKey`s and `RngCount`s, the latter uint32)."""
+  nnx = sys.modules.get("flax.nnx")
+  rng_state = getattr(nnx, "RngState", None)
+  rng_types = (rng_state,) if isinstance(rng_state, type) else ()
+  leaves, _ = jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda x: isinstance(x, rng_types))
+  return [jax.tree_util.keystr(path) or "the root" for path, leaf in leaves
+          if isinstance(leaf, rng_types) or jax.dtypes.issubdtype(
+              jax_compat.dtype_of(leaf), jax.dtypes.prng_key)]
+
+
+def _random_state_hint(paths: list[str], where: str) -> str:
+  shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more"
+                                  if len(paths) > 3 else "")
+  return (f"{where} holds random state at {shown} (a PRNG key, or an nnx "
+          "Module's Rngs): passed through unchanged, it would repeat the "
+          "same dropout masks and random numbers every step")
+
+
+def _check_array_leaves(tree: Any, what: str) -> None:
+  """Every leaf of a step's arguments is an array or a number: TypeError
+  naming the first that is not (an equinox Module's function), and how to
+  split it off."""
+  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+  for path, leaf in leaves:
+    if isinstance(leaf, (bool, int, float, complex)) or (
+        hasattr(leaf, "dtype") and hasattr(leaf, "shape")):
+      continue
+    at = jax.tree_util.keystr(path) or "the root"
+    raise TypeError(
+        f"{what} has a leaf that is not an array at {at}: a "
+        f"{type(leaf).__name__}. Every leaf must be an array or a number; "
+        "an equinox Module keeps functions and other static fields as "
+        "leaves: split them off with `params, static = eqx.partition("
+        "model, eqx.is_inexact_array)`, pass `params`, and rebuild the "
+        "model in the loss with `eqx.combine(params, static)`")
+
+
+def _check_no_random_state_in_params(params: Any) -> None:
+  """train_step's params: random state there would be frozen (the step
+  passes non-float leaves through), so it must be model state."""
+  paths = _random_state_paths(params)
+  if paths:
+    raise TypeError(
+        _random_state_hint(paths, "params") + ". Carry it as model state, "
+        "which the loss returns updated: for an nnx Module, `graphdef, "
+        "params, rest = nnx.split(model, nnx.Param, ...)`, "
+        "`step.init(params, model_state=rest)`, and a loss "
+        "`loss_fn(params, rest, batch)` that runs `model = nnx.merge("
+        "graphdef, params, rest, copy=True)` and returns `(loss, "
+        "nnx.state(model, nnx.Not(nnx.Param)))`; for a key, "
+        "`model_state=key` and the loss returns the next key")
+
+
 def _check_same_types(what: str, given: Any, returned: Any) -> None:
   """A step's new state must have the structure, shapes and dtypes of the
   state it was given (it is kept or discarded leaf by leaf, and the next
@@ -211,7 +269,11 @@ class _LossScaledProgram:
         "error_measure": "error_measure= measures calibration's budget, on "
                          "amp.transform",
         "keep_f32_state": "keep_f32_state= selects optimizer-state leaves "
-                          "kept in f32, on amp.train_step"}
+                          "kept in f32, on amp.train_step",
+        "fp8_fallback": "fp8_fallback= moves GEMMs out of FP8 between "
+                        "steps, from the statistics they returned: "
+                        "amp.train_step only (here, pass keep_gemms= the "
+                        "GEMMs to keep in the compute dtype)"}
     for name in sorted(unknown):
       if name in elsewhere:
         raise TypeError(f"{type(self).__name__} does not take {name}=: "
@@ -234,6 +296,7 @@ class _LossScaledProgram:
              param_flags: list, seed_leaf: int, loss_scale: LossScale,
              state_leaves=(), optimizer_state_leaves=()) -> prog.Program:
     if key in self._programs:  # the outer jit traced again (committedness)
+      self._last_key = key
       return self._programs[key]
     self.rewrite_count += 1
     program = prog.build(inner, export_args, {}, param_flags=param_flags,
@@ -244,7 +307,16 @@ class _LossScaledProgram:
                          optimizer_state_leaves=optimizer_state_leaves,
                          loss_scale=loss_scale)
     self._programs[key] = program
+    self._last_key = key
     return program
+
+  def last_report(self) -> "Report | None":
+    """The report of the program this step last traced (what
+    ``amp.explain(metrics, step)`` reads); None before the first call."""
+    key = getattr(self, "_last_key", None)
+    if key is None:
+      return None
+    return self._programs[key].as_lowered().result.report
 
 
 class ValueAndGrad(_LossScaledProgram):
@@ -298,7 +370,26 @@ class ValueAndGrad(_LossScaledProgram):
     return ({i: a for i, a in enumerate(args) if i in positions},
             {i: a for i, a in enumerate(args) if i not in positions})
 
+  def _check_random_state(self, args: tuple) -> None:
+    """Random state among the differentiated arguments would not advance
+    (and has no gradient): TypeError saying how to pass it instead."""
+    for position, argument in enumerate(args):
+      _check_array_leaves(argument, f"argument {position} of "
+                          f"{function_name(self.fun)}")
+    for position, argument in self._split(args)[0].items():
+      if (paths := _random_state_paths(argument)):
+        raise TypeError(
+            _random_state_hint(paths, f"argument {position} of "
+                               f"{function_name(self.fun)}, which argnums "
+                               "differentiates,") + ", and it has no "
+            "gradient. Pass it as another argument and return its new "
+            "value (has_aux=True): for an nnx Module, `graphdef, params, "
+            "rest = nnx.split(model, nnx.Param, ...)`, differentiate "
+            "`params`, and merge them in the function with `nnx.merge("
+            "graphdef, params, rest, copy=True)`")
+
   def __call__(self, *args, loss_scale: LossScale | None = None, **kwargs):
+    self._check_random_state(args)
     check_loss_scale(loss_scale)
     if loss_scale is None:
       loss_scale = default_loss_scale(self.policy.compute_dtype)
@@ -306,6 +397,7 @@ class ValueAndGrad(_LossScaledProgram):
 
   def lower(self, *args, loss_scale: LossScale | None = None,
             **kwargs) -> Lowered:
+    self._check_random_state(args)
     check_loss_scale(loss_scale)
     if loss_scale is None:
       loss_scale = default_loss_scale(self.policy.compute_dtype)
@@ -338,9 +430,12 @@ class ValueAndGrad(_LossScaledProgram):
     loss, aux, grads = jax.tree_util.tree_unflatten(program.out_tree, outputs)
     # Leaves that are not floats (integer counters) get zeros of their own
     # dtype (jax.grad(allow_int=True) gives float0, which optimizers reject).
+    # A None in the arguments stays None (equinox's eqx.partition leaves
+    # None where a leaf is not an array), as in jax.grad.
     grads = jax.tree_util.tree_map(
-        lambda g, x: jnp.zeros(jnp.shape(x), jnp.result_type(x))
-        if g is None else g, grads, diff, is_leaf=lambda g: g is None)
+        lambda g, x: None if x is None else
+        jnp.zeros(jnp.shape(x), jnp.result_type(x)) if g is None else g,
+        grads, diff, is_leaf=lambda g: g is None)
     positions = self._positions(len(args))
     grads = (grads[positions[0]] if isinstance(self.argnums, int) else
              tuple(grads[i] for i in positions))
@@ -538,6 +633,7 @@ class _StuckWatch:
                options: pl.RewriteOptions):
     self.policy, self.options = policy, options
     self.dynamic = isinstance(loss_scale, DynamicLossScale)
+    self.scaled = not isinstance(loss_scale, NoOpLossScale)
     self.count, self.warned = 0, False
 
   def watch(self, finite, loss, loss_scale, skipped) -> None:
@@ -562,18 +658,38 @@ class _StuckWatch:
     if self.warned or (not self.dynamic and self.count < STUCK_STEPS):
       return
     self.warned = True
-    where = ("the loss itself is not finite: the forward pass overflows in "
-             f"{jnp.dtype(self.policy.compute_dtype).name}, which no loss "
-             "scale can fix (keep_f32= the op that overflows, or use bf16)"
-             if not bool(loss_finite) else
-             "the gradients are not finite while the loss is: the backward "
-             "pass overflows")
+    at_scale = (f", the last ones at a loss scale of {float(scale):g}"
+                + (" (its minimum)" if self.dynamic else "")
+                if self.scaled else "")
     warnings.warn(
-        f"stablehlo-amp: {int(skipped)} steps skipped so far, the last ones "
-        f"at a loss scale of {float(scale):g}"
-        + (" (its minimum)" if self.dynamic else "") + f": {where}. Skipped "
-        "steps leave the parameters unchanged, so training is not "
-        "progressing", stacklevel=2)
+        f"stablehlo-amp: {int(skipped)} steps skipped so far{at_scale}: "
+        + self._why(bool(loss_finite)) + ". Skipped steps leave the "
+        "parameters unchanged, so training is not progressing",
+        stacklevel=2)
+
+  def _why(self, loss_finite: bool) -> str:
+    """What is known of why, and how to find out the rest: values that are
+    not finite may be a low-precision overflow or a run that diverges (a
+    learning rate too large, bad data); only provenance or a run in f32
+    tells them apart."""
+    if loss_finite:
+      known = "the gradients are not finite while the loss is"
+      if self.scaled and not self.dynamic:
+        known += " (a smaller loss scale, or DynamicLossScale, may fix it)"
+    else:
+      known = "the loss is not finite at the current parameters"
+      if self.scaled:
+        known += ", which no loss scale can fix"
+    see = ("numerics='provenance' and amp.explain(metrics, step) say where "
+           "the first NaN or infinity came from")
+    compute = jnp.dtype(self.policy.compute_dtype)
+    if compute.itemsize >= 4:
+      return (f"{known}. The step computes in {compute.name}, so precision "
+              "is not the cause: a learning rate too large or bad data is "
+              f"likely; {see}")
+    return (f"{known}. It may be an overflow in {compute.name} or a run "
+            "that diverges (a learning rate too large, bad data): "
+            f"{see}, and the same steps with c=f32 tell the two apart")
 
 
 class TrainStep(_LossScaledProgram):
@@ -614,6 +730,13 @@ class TrainStep(_LossScaledProgram):
     self._outer = _outer_jit(self)
 
   @property
+  def skips_nonfinite(self) -> bool:
+    """Whether a step whose gradients (or new state) are not finite is
+    skipped: with a loss scale, or skip_nonfinite=True. Without either it
+    is applied, as in a plain JAX step."""
+    return self._watch.scaled or self._options.skip_nonfinite
+
+  @property
   def fp8_fallbacks(self) -> tuple[numerics.Fp8FallbackEvent, ...]:
     """The GEMMs `fp8_fallback` moved to the compute dtype so far, each
     with the step after which it moved and the statistics that moved it."""
@@ -631,6 +754,9 @@ class TrainStep(_LossScaledProgram):
 
     With `donate=True` the step consumes its state, so `init` copies the
     arrays it is given: the caller's `params` stay valid."""
+    _check_array_leaves(params, "params")
+    _check_array_leaves(model_state, "model_state")
+    _check_no_random_state_in_params(params)
     return self.layout.init(params, model_state, copy=self.donate,
                             rounding_seed=rounding_seed)
 

@@ -422,6 +422,13 @@ class Transformed:
                    spec.calibrations.get(prog.aval_key(avals))
                    if spec else None)
 
+  def last_report(self) -> Any:
+    """The report of the program last traced with ``numerics=`` (what
+    ``amp.explain(measured, fast)`` reads); None before."""
+    last = getattr(self, "_last", None)
+    program = last[0].cached_program(last[1]) if last else None
+    return program.as_lowered().result.report if program else None
+
   def _calibrated(self, args: Sequence, kwargs: dict) -> None:
     """Calibrates this signature once, on the first call's inputs or the
     ones `calibrate=` gave."""
@@ -498,6 +505,7 @@ class Transformed:
       warn_running_original(spec.name, error, stacklevel=4)
       return self._inner(*args, **kwargs)
     if pl.returns_measurements(self._options):
+      self._last = (spec, avals)
       return self._measured(spec, avals, leaves, out_trees[0])
     outputs = amp_call_p.bind(*leaves, spec=spec)
     return jax.tree_util.tree_unflatten(out_trees[0], outputs)
