@@ -233,12 +233,14 @@ def test_overflow_skips_the_step_halves_the_scale_and_training_goes_on():
   assert step.rewrite_count == 1
 
 
-@pytest.mark.parametrize("loss_scale", [amp.StaticLossScale(1024.0),
-                                        amp.NoOpLossScale()],
-                         ids=["static", "noop"])
-def test_overflow_is_skipped_with_a_static_or_no_scale_too(loss_scale):
+@pytest.mark.parametrize("loss_scale, options", [
+    (amp.StaticLossScale(1024.0), {}),
+    (amp.NoOpLossScale(), {"skip_nonfinite": True})],
+                         ids=["static", "noop-skip_nonfinite"])
+def test_overflow_is_skipped_with_a_static_scale_or_skip_nonfinite(
+    loss_scale, options):
   step = amp.train_step(mse, optax.adam(1e-2), F16_POLICY,
-                        loss_scale=loss_scale)
+                        loss_scale=loss_scale, **options)
   state, _ = step(step.init(PARAMS), _batch(0))
   before = _leaves((state.params, state.opt_state))
   state, metrics = step(state, _poisoned(_batch(1), jnp.inf))
@@ -251,6 +253,16 @@ def test_overflow_is_skipped_with_a_static_or_no_scale_too(loss_scale):
   state, metrics = step(state, _batch(2))
   assert bool(metrics["grads_finite"])
   assert int(metrics["skipped_steps"]) == 1
+
+
+def test_without_a_loss_scale_an_overflow_is_applied_not_skipped():
+  step = amp.train_step(mse, optax.adam(1e-2), F16_POLICY,
+                        loss_scale=amp.NoOpLossScale())
+  state, _ = step(step.init(PARAMS), _batch(0))
+  state, metrics = step(state, _poisoned(_batch(1), jnp.inf))
+  assert not bool(metrics["grads_finite"])
+  assert int(metrics["skipped_steps"]) == 0
+  assert not all(np.isfinite(x).all() for x in _leaves(state.params))
 
 
 def _overflowing_sgd() -> optax.GradientTransformation:
