@@ -12,6 +12,7 @@
 
 #include "Backward.h"
 #include "Contract.h"
+#include "PassSupport.h"
 #include "Passes.h"
 #include "Policy.h"
 #include "StableHLO.h"
@@ -221,7 +222,9 @@ private:
   /// partitioner splits gets the dequantized form.
   bool mxComposite = true;
   bool writeComposite = true;
-  std::string optionError;
+  OptionCheck options;
+
+  llvm::Error parseOptions();
 
   OperandPlan planOperand(Value operand,
                           const llvm::DenseSet<Value> &gradients);
@@ -283,39 +286,37 @@ private:
                           const Ineligible &ineligible);
 };
 
+llvm::Error Fp8GemmsPass::parseOptions() {
+  if (llvm::Error error = readOption("gemm", parseFp8Gemm(gemm), format))
+    return error;
+  if (llvm::Error error =
+          readOption("scaling", parseFp8Scaling(scaling), scalingMode))
+    return error;
+  if (amaxHistory < 1)
+    return llvm::createStringError(
+        "invalid option 'amax-history': must be at least 1, got " +
+        std::to_string(amaxHistory));
+  if (minSize < 0)
+    return llvm::createStringError(
+        "invalid option 'min-size': must be at least 0, got " +
+        std::to_string(minSize));
+  if (scalingMode == Fp8Scaling::Mxfp8 && format == GemmDtype::F8E5M2)
+    return llvm::createStringError(
+        "invalid option 'scaling': mxfp8 stores E4M3 data; use gemm=f8 or "
+        "gemm=f8e4m3fn with it");
+  if (mxForm == mxFormNames()[0])
+    mxComposite = true;
+  else if (mxForm == mxFormNames()[1])
+    mxComposite = false;
+  else
+    return llvm::createStringError("invalid option 'mx-form': unknown value '" +
+                                   mxForm + "' (accepted: " +
+                                   llvm::join(mxFormNames(), ", ") + ")");
+  return llvm::Error::success();
+}
+
 LogicalResult Fp8GemmsPass::initialize(MLIRContext *context) {
-  llvm::Expected<GemmDtype> parsed = parseFp8Gemm(gemm);
-  llvm::Expected<Fp8Scaling> parsedScaling = parseFp8Scaling(scaling);
-  if (!parsed) {
-    optionError =
-        "invalid option 'gemm': " + llvm::toString(parsed.takeError());
-    llvm::consumeError(parsedScaling.takeError());
-  } else if (!parsedScaling) {
-    optionError = "invalid option 'scaling': " +
-                  llvm::toString(parsedScaling.takeError());
-  } else {
-    format = *parsed;
-    scalingMode = *parsedScaling;
-  }
-  if (optionError.empty() && amaxHistory < 1)
-    optionError = "invalid option 'amax-history': must be at least 1, got " +
-                  std::to_string(amaxHistory);
-  if (optionError.empty() && minSize < 0)
-    optionError = "invalid option 'min-size': must be at least 0, got " +
-                  std::to_string(minSize);
-  if (optionError.empty() && scalingMode == Fp8Scaling::Mxfp8 &&
-      format == GemmDtype::F8E5M2)
-    optionError = "invalid option 'scaling': mxfp8 stores E4M3 data; use "
-                  "gemm=f8 or gemm=f8e4m3fn with it";
-  if (optionError.empty()) {
-    if (mxForm == mxFormNames()[0])
-      mxComposite = true;
-    else if (mxForm == mxFormNames()[1])
-      mxComposite = false;
-    else
-      optionError = "invalid option 'mx-form': unknown value '" + mxForm +
-                    "' (accepted: " + llvm::join(mxFormNames(), ", ") + ")";
-  }
+  options.keep(parseOptions());
   return success();
 }
 
@@ -881,11 +882,9 @@ void Fp8GemmsPass::annotateIneligible(Operation *dot, int64_t gemmIndex,
 
 void Fp8GemmsPass::runOnOperation() {
   ModuleOp module = getOperation();
-  if (!optionError.empty()) {
-    module.emitError() << optionError;
+  if (failed(options.report(module)))
     return signalPassFailure();
-  }
-  auto main = module.lookupSymbol<func::FuncOp>("main");
+  func::FuncOp main = entryFunction(module);
   fp8DotCount = 0;
   quantizations.clear();
   bool partitioned = shlo::partitionCount(module) > 1;

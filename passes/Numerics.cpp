@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "PassSupport.h"
 #include "Passes.h"
 #include "Provenance.h"
 #include "StableHLO.h"
@@ -151,9 +152,16 @@ class NumericsPass final
 public:
   using AmpNumericsPassBase::AmpNumericsPassBase;
 
+  LogicalResult initialize(MLIRContext *context) override {
+    options.keep(readOption("collect", parseNumerics(collect), collected));
+    return success();
+  }
   void runOnOperation() override;
 
 private:
+  Numerics collected = Numerics::None;
+  OptionCheck options;
+
   LogicalResult collectStats(func::FuncOp main);
   LogicalResult collectProvenance(func::FuncOp main);
 
@@ -401,20 +409,16 @@ void NumericsPass::measureLoop(Operation *loop,
 
 void NumericsPass::runOnOperation() {
   ModuleOp module = getOperation();
-  llvm::Expected<Numerics> parsed = parseNumerics(collect);
-  if (!parsed) {
-    module.emitError() << "invalid option 'collect': "
-                       << llvm::toString(parsed.takeError());
+  if (failed(options.report(module)))
     return signalPassFailure();
-  }
-  if (*parsed == Numerics::None)
+  if (collected == Numerics::None)
     return;
-  auto main = module.lookupSymbol<func::FuncOp>("main");
-  if (!main || main.isExternal()) {
-    module.emitError() << "amp-numerics: no function 'main' to return its "
-                          "measurements from";
+  FailureOr<func::FuncOp> entry = requireEntryFunction(
+      module, "amp-numerics: no function 'main' to return its measurements "
+              "from");
+  if (failed(entry))
     return signalPassFailure();
-  }
+  func::FuncOp main = *entry;
   for (unsigned i = 0; i < main.getNumResults(); ++i)
     for (llvm::StringRef measured : {attr::kGemmAmax, attr::kNonFinite})
       if (main.getResultAttr(i, measured)) {
@@ -422,8 +426,8 @@ void NumericsPass::runOnOperation() {
                             "measures (" << measured << ")";
         return signalPassFailure();
       }
-  if (failed(*parsed == Numerics::Stats ? collectStats(main)
-                                        : collectProvenance(main)))
+  if (failed(collected == Numerics::Stats ? collectStats(main)
+                                           : collectProvenance(main)))
     return signalPassFailure();
 }
 

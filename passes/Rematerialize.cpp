@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Backward.h"
+#include "PassSupport.h"
 #include "Passes.h"
 #include "StableHLO.h"
 
@@ -205,14 +206,19 @@ class RematerializePass final
 public:
   using AmpRematerializePassBase::AmpRematerializePassBase;
 
+  LogicalResult initialize(MLIRContext *context) override {
+    if (minElements < 1 || maxOps < 1)
+      options.keep(llvm::createStringError(
+          "invalid option '" +
+          llvm::Twine(minElements < 1 ? "min-elements" : "max-ops") +
+          "': must be at least 1"));
+    return success();
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    if (minElements < 1 || maxOps < 1) {
-      module.emitError() << "invalid option '"
-                         << (minElements < 1 ? "min-elements" : "max-ops")
-                         << "': must be at least 1";
+    if (failed(options.report(module)))
       return signalPassFailure();
-    }
     ResidualPlan plan(module, minElements, maxOps);
     llvm::DenseSet<Value> backward = backwardValues(module);
     for (auto &group : groups(plan.recomputations()))
@@ -220,6 +226,8 @@ public:
   }
 
 private:
+  OptionCheck options;
+
   using Group = llvm::SmallVector<const Recomputation *>;
   /// Recomputations that share ops, together: they are recomputed once,
   /// before the first reader of any of them.

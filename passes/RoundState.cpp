@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Contract.h"
+#include "PassSupport.h"
 #include "Passes.h"
 #include "StableHLO.h"
 #include "TrainingStep.h"
@@ -401,29 +402,23 @@ Value roundStochastically(OpBuilder &builder, Location loc, Value value,
   return shlo::buildConvert(builder, loc, chosen, builder.getBF16Type());
 }
 
-class RoundStatePass
+class RoundStatePass final
     : public amp::impl::AmpRoundStatePassBase<RoundStatePass> {
 public:
   using Base::Base;
 
+  LogicalResult initialize(MLIRContext *context) override {
+    options.keep(parseOptions());
+    return success();
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    llvm::Expected<UpdateRounding> mode = parseUpdateRounding(rounding);
-    if (!mode) {
-      module.emitError() << "invalid option 'rounding': "
-                         << llvm::toString(mode.takeError());
+    if (failed(options.report(module)))
       return signalPassFailure();
-    }
-    llvm::Expected<OptimizerStateDtype> stateDtype =
-        parseOptimizerStateDtype(optimizerState);
-    if (!stateDtype) {
-      module.emitError() << "invalid option 'optimizer-state': "
-                         << llvm::toString(stateDtype.takeError());
-      return signalPassFailure();
-    }
-    auto main = module.lookupSymbol<func::FuncOp>("main");
-    if (!main || !main.isPublic() || main.isExternal()) {
-      if (!stateResults.empty() || !optimizerStateArgs.empty()) {
+    func::FuncOp main = entryFunction(module);
+    if (!main) {
+      if (!statePairs.empty() || !optimizerStateArgs.empty()) {
         module.emitError() << "amp-round-state: state-results and "
                               "optimizer-state-args name arguments and "
                               "results of a public function 'main', and "
@@ -435,13 +430,13 @@ public:
     if (failed(markNamedState(main)))
       return signalPassFailure();
     llvm::SmallPtrSet<Operation *, 8> optimizerRoundings;
-    if (*stateDtype != OptimizerStateDtype::F32) {
-      optimizerRoundings = storeOptimizerStateLow(main, *stateDtype);
+    if (stateDtype != OptimizerStateDtype::F32) {
+      optimizerRoundings = storeOptimizerStateLow(main, stateDtype);
     } else {
       for (unsigned i = 0, e = main.getNumArguments(); i < e; ++i)
         main.removeArgAttr(i, attr::kOptimizerState);
     }
-    if (*mode == UpdateRounding::Nearest)
+    if (mode == UpdateRounding::Nearest)
       return;
     // Parameters only: the optimizer state stored low keeps its rounding to
     // nearest (see Passes.td).
@@ -451,23 +446,35 @@ public:
     });
     if (converts.empty())
       return;
-    if (*mode == UpdateRounding::Kahan)
+    if (mode == UpdateRounding::Kahan)
       compensate(main, converts);
     else
       roundWithKey(main, converts);
   }
 
 private:
+  UpdateRounding mode = UpdateRounding::Nearest;
+  OptimizerStateDtype stateDtype = OptimizerStateDtype::F32;
+  llvm::SmallVector<std::pair<unsigned, unsigned>> statePairs;
+  OptionCheck options;
+
+  llvm::Error parseOptions() {
+    if (llvm::Error error =
+            readOption("rounding", parseUpdateRounding(rounding), mode))
+      return error;
+    if (llvm::Error error = readOption(
+            "optimizer-state", parseOptimizerStateDtype(optimizerState),
+            stateDtype))
+      return error;
+    return parseStateResults(stateResults).moveInto(statePairs);
+  }
+
   /// Marks what the state-results and optimizer-state-args options name,
   /// as a front end would have.
   LogicalResult markNamedState(func::FuncOp main) {
-    llvm::Expected<llvm::SmallVector<std::pair<unsigned, unsigned>>> pairs =
-        parseStateResults(stateResults);
-    if (!pairs)
-      return main.emitError() << llvm::toString(pairs.takeError());
     OpBuilder builder(main.getContext());
     unsigned arguments = main.getNumArguments();
-    for (auto [result, argument] : *pairs) {
+    for (auto [result, argument] : statePairs) {
       if (failed(verifyStateResult(main, result, argument)))
         return failure();
       main.setResultAttr(result, attr::kStateOf,
