@@ -331,9 +331,8 @@ constexpr llvm::StringRef kOptimizerStateDtypeNames[] = {"f32", "bf16", "f8"};
 // amp-fp8-gemms' scalings, in Fp8Scaling's order.
 constexpr llvm::StringRef kFp8ScalingNames[] = {"current", "delayed",
                                                 "rowwise", "mxfp8"};
-// How amp-fp8-gemms writes an MXFP8 GEMM: the `xla.scaled_dot` composite
-// (E8M0 scales; XLA:GPU makes it a block-scaled GEMM, JAX >= 0.9.1), or
-// dequantized operands feeding a plain dot (correct everywhere).
+// MxForm's, in its order: the composite has E8M0 scales (XLA:GPU makes it a
+// block-scaled GEMM, JAX >= 0.9.1); the dequantized form runs everywhere.
 constexpr llvm::StringRef kMxFormNames[] = {"composite", "dequantize"};
 // amp-numerics' collections, in Numerics' order.
 constexpr llvm::StringRef kNumericsNames[] = {"none", "stats",
@@ -374,17 +373,11 @@ llvm::ArrayRef<llvm::StringRef> mlir::amp::updateRoundingNames() {
   return kUpdateRoundingNames;
 }
 
-llvm::ArrayRef<llvm::StringRef> mlir::amp::fp8ScalingNames() {
-  return kFp8ScalingNames;
-}
 llvm::Expected<Fp8Scaling> mlir::amp::parseFp8Scaling(llvm::StringRef text) {
   return closedEnum<Fp8Scaling>(text, kFp8ScalingNames, "fp8_scaling");
 }
-bool mlir::amp::fp8ScalingIsStateful(Fp8Scaling scaling) {
-  return scaling == Fp8Scaling::Delayed;
-}
-llvm::ArrayRef<llvm::StringRef> mlir::amp::mxFormNames() {
-  return kMxFormNames;
+llvm::Expected<MxForm> mlir::amp::parseMxForm(llvm::StringRef text) {
+  return closedEnum<MxForm>(text, kMxFormNames, "value");
 }
 
 llvm::ArrayRef<llvm::StringRef> mlir::amp::numericsNames() {

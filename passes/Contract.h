@@ -310,14 +310,12 @@ llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);
 /// (rowwise); or MXFP8: one power-of-two (E8M0) scale per block of
 /// `kMxBlock` elements along the contraction, E4M3 data.
 enum class Fp8Scaling { Current, Delayed, Rowwise, Mxfp8 };
-llvm::ArrayRef<llvm::StringRef> fp8ScalingNames();
 llvm::Expected<Fp8Scaling> parseFp8Scaling(llvm::StringRef text);
-/// Whether a scaling keeps state across steps (only amp.train_step
-/// carries it).
-bool fp8ScalingIsStateful(Fp8Scaling scaling);
 inline constexpr int64_t kMxBlock = 32;
-/// amp-fp8-gemms' `mx-form` values: composite, dequantize.
-llvm::ArrayRef<llvm::StringRef> mxFormNames();
+/// How amp-fp8-gemms writes an MXFP8 GEMM (`mx-form`): the `xla.scaled_dot`
+/// composite, or dequantized operands feeding a plain dot.
+enum class MxForm { Composite, Dequantize };
+llvm::Expected<MxForm> parseMxForm(llvm::StringRef text);
 
 /// amp-numerics' `collect` values: none, stats, provenance.
 enum class Numerics { None, Stats, Provenance };

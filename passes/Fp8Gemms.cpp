@@ -217,10 +217,10 @@ public:
 private:
   GemmDtype format = GemmDtype::F8;
   Fp8Scaling scalingMode = Fp8Scaling::Current;
-  /// What `mx-form` asks for, and what this module gets: XLA (as of JAX
-  /// 0.10) cannot partition the composite, so a program XLA's SPMD
+  /// What `mx-form` asks for, and whether this module gets the composite:
+  /// XLA (as of JAX 0.10) cannot partition it, so a program XLA's SPMD
   /// partitioner splits gets the dequantized form.
-  bool mxComposite = true;
+  MxForm form = MxForm::Composite;
   bool writeComposite = true;
   OptionCheck options;
 
@@ -304,15 +304,7 @@ llvm::Error Fp8GemmsPass::parseOptions() {
     return llvm::createStringError(
         "invalid option 'scaling': mxfp8 stores E4M3 data; use gemm=f8 or "
         "gemm=f8e4m3fn with it");
-  if (mxForm == mxFormNames()[0])
-    mxComposite = true;
-  else if (mxForm == mxFormNames()[1])
-    mxComposite = false;
-  else
-    return llvm::createStringError("invalid option 'mx-form': unknown value '" +
-                                   mxForm + "' (accepted: " +
-                                   llvm::join(mxFormNames(), ", ") + ")");
-  return llvm::Error::success();
+  return readOption("mx-form", parseMxForm(mxForm), form);
 }
 
 LogicalResult Fp8GemmsPass::initialize(MLIRContext *context) {
@@ -888,7 +880,7 @@ void Fp8GemmsPass::runOnOperation() {
   fp8DotCount = 0;
   quantizations.clear();
   bool partitioned = shlo::partitionCount(module) > 1;
-  writeComposite = mxComposite && !partitioned;
+  writeComposite = form == MxForm::Composite && !partitioned;
   llvm::DenseSet<Value> gradients = backwardValues(module);
   llvm::SmallVector<Operation *> dots;
   module.walk([&](Operation *op) {
@@ -937,7 +929,7 @@ void Fp8GemmsPass::runOnOperation() {
       annotate(dot, index,
                formats + ", mxfp8 (blocks of 32, E8M0 scales" +
                    (writeComposite ? ", xla.scaled_dot)"
-                    : mxComposite
+                    : form == MxForm::Composite
                         ? ", dequantized: XLA does not partition "
                           "xla.scaled_dot)"
                         : ", dequantized)"),
