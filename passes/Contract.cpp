@@ -537,13 +537,19 @@ llvm::json::Value rematerializeDefault(Target target) {
 }
 
 /// An option the entry points take, under its Python name (amp-opt: the
-/// same with dashes). Adding a pass option to the entry points is one row.
+/// same with dashes). Adding a pass option to the entry points is one row:
+/// its name, pass, pass option and kind (or passSwitch), then by name what
+/// differs from the defaults.
 struct EntryOption {
+  EntryOption(llvm::StringRef name, llvm::StringRef pass,
+              llvm::StringRef option, OptionKind kind)
+      : name(name), pass(pass), option(option), kind(kind) {}
+
   llvm::StringRef name;
   llvm::StringRef pass;
   /// The pass option it sets; empty: it switches the pass on or off.
   llvm::StringRef option;
-  OptionKind kind;
+  OptionKind kind = OptionKind::Bool;
   /// It configures state only amp.train_step carries (the amax histories).
   bool stateful = false;
   /// stablehlo-amp sets it (calibration's groups); users do not.
@@ -565,58 +571,120 @@ struct EntryOption {
   /// results, amp.train_step puts them in its metrics, amp.value_and_grad
   /// and amp.transform return them as one more element.
   llvm::ArrayRef<llvm::StringRef> measuredValues = {};
+
+  /// A closed choice: its canonical spelling.
+  EntryOption &&canonicalizedBy(Canonicalizer canonical) && {
+    canonicalize = canonical;
+    return std::move(*this);
+  }
+  EntryOption &&atLeast(int64_t least) && {
+    minimum = least;
+    return std::move(*this);
+  }
+  EntryOption &&keepsState() && {
+    stateful = true;
+    return std::move(*this);
+  }
+  EntryOption &&internalOnly() && {
+    internal = true;
+    return std::move(*this);
+  }
+  EntryOption &&namesTheTarget() && {
+    isTarget = true;
+    return std::move(*this);
+  }
+  EntryOption &&withTargetDefaults(llvm::json::Value (*defaults)(Target)) && {
+    targetDefault = defaults;
+    return std::move(*this);
+  }
+  EntryOption &&withBf16ParamsDefault(llvm::StringRef value) && {
+    bf16ParamsDefault = value;
+    return std::move(*this);
+  }
+  EntryOption &&withStatefulValue(llvm::StringRef value) && {
+    statefulValue = value;
+    return std::move(*this);
+  }
+  EntryOption &&withMeasuredValues(llvm::ArrayRef<llvm::StringRef> values) && {
+    measuredValues = values;
+    return std::move(*this);
+  }
 };
 
+/// Switches `pass` on or off (on by default); `help` says what it does.
+EntryOption passSwitch(llvm::StringRef name, llvm::StringRef pass,
+                       llvm::StringRef help) {
+  EntryOption entry(name, pass, /*option=*/"", OptionKind::Bool);
+  entry.switchHelp = help;
+  return entry;
+}
+
+constexpr llvm::StringLiteral kInsertConverts = "amp-insert-converts";
+constexpr llvm::StringLiteral kFp8Gemms = "amp-fp8-gemms";
+constexpr llvm::StringLiteral kRoundState = "amp-round-state";
+
 const EntryOption kEntryOptions[] = {
-    {"level", "amp-insert-converts", "level", OptionKind::Choice, false, false,
-     false, canonicalLevel, levelDefault},
-    {"target", "amp-insert-converts", "target", OptionKind::Choice, false,
-     false, /*isTarget=*/true, canonicalTarget},
-    {"dot_result", "amp-insert-converts", "dot-result", OptionKind::Choice,
-     false, false, false, canonicalDotResult},
-    {"storage", "amp-insert-converts", "storage", OptionKind::Choice, false,
-     false, false, canonicalStorage, storageDefault},
-    {"keep_f32", "amp-insert-converts", "keep-f32", OptionKind::OpNames},
-    {"force_compute", "amp-insert-converts", "force-compute",
-     OptionKind::OpNames},
-    {"keep_groups", "amp-insert-converts", "keep-groups", OptionKind::Ints,
-     false, /*internal=*/true},
-    {"storage_min_elements", "amp-insert-converts", "storage-min-elements",
-     OptionKind::Int, false, false, false, nullptr, nullptr, /*minimum=*/1},
-    {"strict", "amp-insert-converts", "strict", OptionKind::Bool},
-    {"decisions", "amp-insert-converts", "decisions", OptionKind::Choice,
-     false, false, false, canonicalDecisions},
-    {"reduce_dtype", "amp-insert-converts", "reduce-dtype",
-     OptionKind::Choice, false, false, false, canonicalReduceDtype},
-    {"rematerialize", "amp-rematerialize", "", OptionKind::Bool, false, false,
-     false, nullptr, rematerializeDefault, 0,
-     "On a training step, recompute cheap elementwise residuals in the "
-     "backward pass instead of keeping them"},
-    // Delayed scaling keeps state; the others are accepted everywhere
-    // (`stateful_values`).
-    {"fp8_scaling", "amp-fp8-gemms", "scaling", OptionKind::Choice,
-     /*stateful=*/false, false, false, canonicalFp8Scaling, nullptr, 0, "",
-     "", /*statefulValue=*/"delayed"},
-    {"fp8_min_size", "amp-fp8-gemms", "min-size", OptionKind::Int, false,
-     false, false, nullptr, fp8MinSizeDefault, /*minimum=*/0},
-    {"keep_gemms", "amp-fp8-gemms", "keep-gemms", OptionKind::Ints},
-    {"amax_history", "amp-fp8-gemms", "amax-history", OptionKind::Int,
-     /*stateful=*/true, false, false, nullptr, nullptr, /*minimum=*/1},
+    EntryOption("level", kInsertConverts, "level", OptionKind::Choice)
+        .canonicalizedBy(canonicalLevel)
+        .withTargetDefaults(levelDefault),
+    EntryOption("target", kInsertConverts, "target", OptionKind::Choice)
+        .canonicalizedBy(canonicalTarget)
+        .namesTheTarget(),
+    EntryOption("dot_result", kInsertConverts, "dot-result",
+                OptionKind::Choice)
+        .canonicalizedBy(canonicalDotResult),
+    EntryOption("storage", kInsertConverts, "storage", OptionKind::Choice)
+        .canonicalizedBy(canonicalStorage)
+        .withTargetDefaults(storageDefault),
+    EntryOption("keep_f32", kInsertConverts, "keep-f32", OptionKind::OpNames),
+    EntryOption("force_compute", kInsertConverts, "force-compute",
+                OptionKind::OpNames),
+    EntryOption("keep_groups", kInsertConverts, "keep-groups",
+                OptionKind::Ints)
+        .internalOnly(),
+    EntryOption("storage_min_elements", kInsertConverts,
+                "storage-min-elements", OptionKind::Int)
+        .atLeast(1),
+    EntryOption("strict", kInsertConverts, "strict", OptionKind::Bool),
+    EntryOption("decisions", kInsertConverts, "decisions", OptionKind::Choice)
+        .canonicalizedBy(canonicalDecisions),
+    EntryOption("reduce_dtype", kInsertConverts, "reduce-dtype",
+                OptionKind::Choice)
+        .canonicalizedBy(canonicalReduceDtype),
+    passSwitch("rematerialize", "amp-rematerialize",
+               "On a training step, recompute cheap elementwise residuals in "
+               "the backward pass instead of keeping them")
+        .withTargetDefaults(rematerializeDefault),
+    // Delayed scaling keeps state; the others are accepted everywhere.
+    EntryOption("fp8_scaling", kFp8Gemms, "scaling", OptionKind::Choice)
+        .canonicalizedBy(canonicalFp8Scaling)
+        .withStatefulValue("delayed"),
+    EntryOption("fp8_min_size", kFp8Gemms, "min-size", OptionKind::Int)
+        .atLeast(0)
+        .withTargetDefaults(fp8MinSizeDefault),
+    EntryOption("keep_gemms", kFp8Gemms, "keep-gemms", OptionKind::Ints),
+    EntryOption("amax_history", kFp8Gemms, "amax-history", OptionKind::Int)
+        .atLeast(1)
+        .keepsState(),
     // bf16 parameters are rounded stochastically unless asked otherwise: the
-    // measured best of the three for the state it keeps (README, Training).
+    // measured best of the three for the state it keeps
+    // (docs/low-precision-state.md).
     // The pass's own default stays nearest: it appends an argument only
     // when asked.
-    {"update_rounding", "amp-round-state", "rounding", OptionKind::Choice,
-     /*stateful=*/true, false, false, canonicalUpdateRounding, nullptr, 0, "",
-     /*bf16ParamsDefault=*/"stochastic"},
-    {"opt_state_dtype", "amp-round-state", "optimizer-state",
-     OptionKind::Choice, /*stateful=*/true, false, false,
-     canonicalOptimizerStateDtype},
-    {"skip_nonfinite", "amp-loss-scale", "check-state", OptionKind::Bool,
-     /*stateful=*/true},
-    {"numerics", "amp-numerics", "collect", OptionKind::Choice, false, false,
-     false, canonicalNumerics, nullptr, 0, "", "", "",
-     /*measuredValues=*/llvm::ArrayRef(kNumericsNames).drop_front()},
+    EntryOption("update_rounding", kRoundState, "rounding", OptionKind::Choice)
+        .canonicalizedBy(canonicalUpdateRounding)
+        .keepsState()
+        .withBf16ParamsDefault("stochastic"),
+    EntryOption("opt_state_dtype", kRoundState, "optimizer-state",
+                OptionKind::Choice)
+        .canonicalizedBy(canonicalOptimizerStateDtype)
+        .keepsState(),
+    EntryOption("skip_nonfinite", "amp-loss-scale", "check-state",
+                OptionKind::Bool)
+        .keepsState(),
+    EntryOption("numerics", "amp-numerics", "collect", OptionKind::Choice)
+        .canonicalizedBy(canonicalNumerics)
+        .withMeasuredValues(llvm::ArrayRef(kNumericsNames).drop_front()),
 };
 
 llvm::StringRef kindName(OptionKind kind) {
