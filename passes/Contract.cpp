@@ -186,22 +186,33 @@ namespace {
 // lost; the key is kept so a step's rounding is a function of the state).
 // The loss scale is updated on every step: it backs off on a skipped one.
 constexpr StateRole kStateRoles[] = {
-    {attr::kLossScale, "loss_scale", "amp-loss-scale", false, false},
-    {attr::kLossScaleCounter, "loss_scale", "amp-loss-scale", false, false},
-    {attr::kGradsFinite, "loss_scale", "amp-loss-scale", false, false},
-    {attr::kStateFinite, "loss_scale", "amp-loss-scale", false, false},
-    // Measurements, not state: the step returns them (train_step's
-    // metrics) and nothing gives them back.
-    {attr::kGemmAmax, "metrics", "amp-numerics", false, false},
-    {attr::kGemmCounts, "metrics", "amp-numerics", false, false},
-    {attr::kNonFinite, "metrics", "amp-numerics", false, false},
-    {attr::kAmaxHistory, "amax_history", "amp-fp8-gemms", false, true},
-    {attr::kRoundingKey, "rounding_key", "amp-round-state", false, true},
-    {attr::kCompensation, "compensation", "amp-round-state", true, true},
+    {attr::kLossScale, "loss_scale", "amp-loss-scale",
+     /*perParameter=*/false, /*keptOnSkip=*/false},
+    {attr::kLossScaleCounter, "loss_scale", "amp-loss-scale",
+     /*perParameter=*/false, /*keptOnSkip=*/false},
+    {attr::kGradsFinite, "loss_scale", "amp-loss-scale",
+     /*perParameter=*/false, /*keptOnSkip=*/false},
+    {attr::kStateFinite, "loss_scale", "amp-loss-scale",
+     /*perParameter=*/false, /*keptOnSkip=*/false},
+    {attr::kAmaxHistory, "amax_history", "amp-fp8-gemms",
+     /*perParameter=*/false, /*keptOnSkip=*/true},
+    {attr::kRoundingKey, "rounding_key", "amp-round-state",
+     /*perParameter=*/false, /*keptOnSkip=*/true},
+    {attr::kCompensation, "compensation", "amp-round-state",
+     /*perParameter=*/true, /*keptOnSkip=*/true},
+};
+
+constexpr Measurement kMeasurements[] = {
+    {attr::kGemmAmax, "amp-numerics"},
+    {attr::kGemmCounts, "amp-numerics"},
+    {attr::kNonFinite, "amp-numerics"},
 };
 } // namespace
 
 llvm::ArrayRef<StateRole> mlir::amp::stateRoles() { return kStateRoles; }
+llvm::ArrayRef<Measurement> mlir::amp::measurements() {
+  return kMeasurements;
+}
 
 const StateRole &mlir::amp::stateRole(llvm::StringRef attribute) {
   for (const StateRole &role : kStateRoles)
@@ -928,6 +939,16 @@ llvm::json::Object stateRolesJson() {
   return roles;
 }
 
+/// The measurements, by attribute: results a step returns and nothing gives
+/// back (amp.train_step's metrics).
+llvm::json::Object measurementsJson() {
+  llvm::json::Object measured;
+  for (const Measurement &measurement : measurements())
+    measured[measurement.attribute] =
+        llvm::json::Object{{"pass", measurement.pass}};
+  return measured;
+}
+
 /// The keys of the decision dictionary, by role (what Python calls them).
 llvm::json::Object decisionKeysJson() {
   return llvm::json::Object{{"precision", decision_key::kPrecision},
@@ -1041,6 +1062,7 @@ std::string mlir::amp::contractJson() {
       {"attributes", std::move(attributes)},
       {"loss_scale", lossScaleJson()},
       {"state_roles", stateRolesJson()},
+      {"measurements", measurementsJson()},
       // How optimizer-state=f8 lays out a tensor (a front end makes the
       // first state in it).
       {"optimizer_state_f8",

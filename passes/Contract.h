@@ -247,6 +247,16 @@ llvm::ArrayRef<StateRole> stateRoles();
 /// The role marked `attribute` (one of stateRoles()).
 const StateRole &stateRole(llvm::StringRef attribute);
 
+/// A value a pass appends to `main` as a result only, marked with
+/// `attribute`: a measurement of the step (amp.train_step's metrics), which
+/// nothing gives back. Not state.
+struct Measurement {
+  llvm::StringLiteral attribute;
+  llvm::StringLiteral pass; ///< the pass that appends it
+};
+/// Every measurement a pass appends, in no particular order.
+llvm::ArrayRef<Measurement> measurements();
+
 //===----------------------------------------------------------------------===//
 // Decisions
 //===----------------------------------------------------------------------===//

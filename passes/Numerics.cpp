@@ -437,8 +437,7 @@ LogicalResult NumericsPass::collectProvenance(func::FuncOp main) {
   Value bits = buildProvenanceBits(builder, main, regions);
   main->setAttr(attr::kNonFiniteRegions,
                 provenanceRegionsAttr(&getContext(), regions));
-  if (failed(appendStateResult(main, bits, attr::kNonFinite,
-                               UnitAttr::get(&getContext()), 0)))
+  if (failed(appendMeasurement(main, bits, attr::kNonFinite)))
     return main.emitError() << "amp-numerics: cannot append the "
                                "provenance bits";
   return success();
@@ -477,10 +476,8 @@ LogicalResult NumericsPass::collectStats(func::FuncOp main) {
   };
   Value amaxResult = gathered(amaxes, f32, {gemms, 2});
   Value countsResult = gathered(counts, i32, {gemms, 2, perOperand});
-  Attribute unit = UnitAttr::get(context);
-  if (failed(appendStateResult(main, amaxResult, attr::kGemmAmax, unit, 0)) ||
-      failed(appendStateResult(main, countsResult, attr::kGemmCounts, unit,
-                               0)))
+  if (failed(appendMeasurement(main, amaxResult, attr::kGemmAmax)) ||
+      failed(appendMeasurement(main, countsResult, attr::kGemmCounts)))
     return main.emitError() << "amp-numerics: cannot append the statistics";
   return success();
 }
