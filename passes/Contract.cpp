@@ -779,17 +779,15 @@ llvm::json::Object policyJson() {
           {"gemm_dtypes", std::move(gemms)}};
 }
 
-llvm::json::Object passesJson() {
+llvm::json::Object insertConvertsJson() {
   AmpInsertConvertsPassOptions convert;
-  AmpLossScalePassOptions scale;
-  llvm::json::Object storageDefaults, levelDefaults, rematDefaults;
+  llvm::json::Object storageDefaults, levelDefaults;
   for (llvm::StringRef name : targetNames()) {
     Target target = llvm::cantFail(parseTarget(name));
     storageDefaults[name] = storageName(defaultStorage(target));
     levelDefaults[name] = levelName(defaultLevel(target));
-    rematDefaults[name] = defaultRematerialize(target);
   }
-  llvm::json::Object insertConverts{
+  llvm::json::Object options{
       {"policy", option(convert.policy)},
       {"level", option(convert.level, levelNames())},
       {"target", option(convert.target, targetNames())},
@@ -804,8 +802,14 @@ llvm::json::Object passesJson() {
       {"decisions", option(convert.decisions, decisionsNames())},
       {"report", option(convert.report)},
   };
+  return llvm::json::Object{{"options", std::move(options)},
+                            {"storage_defaults", std::move(storageDefaults)},
+                            {"level_defaults", std::move(levelDefaults)}};
+}
+
+llvm::json::Object fp8GemmsJson() {
   AmpFp8GemmsPassOptions fp8;
-  llvm::json::Object fp8Gemms{
+  llvm::json::Object options{
       {"gemm", option(fp8.gemm, fp8GemmNames())},
       {"scaling", option(fp8.scaling, kFp8ScalingNames)},
       {"amax-history", option(fp8.amaxHistory)},
@@ -814,20 +818,38 @@ llvm::json::Object passesJson() {
       {"mx-form", option(fp8.mxForm, kMxFormNames)},
       {"report", option(fp8.report)},
   };
+  return llvm::json::Object{{"options", std::move(options)}};
+}
+
+llvm::json::Object rematerializeJson() {
   AmpRematerializePassOptions remat;
-  llvm::json::Object rematerialize{
+  llvm::json::Object targetDefaults;
+  for (llvm::StringRef name : targetNames())
+    targetDefaults[name] =
+        defaultRematerialize(llvm::cantFail(parseTarget(name)));
+  llvm::json::Object options{
       {"min-elements", option(remat.minElements)},
       {"max-ops", option(remat.maxOps)},
   };
+  return llvm::json::Object{{"options", std::move(options)},
+                            {"target_defaults", std::move(targetDefaults)}};
+}
+
+llvm::json::Object roundStateJson() {
   AmpRoundStatePassOptions roundState;
-  llvm::json::Object roundStateOptions{
+  llvm::json::Object options{
       {"rounding", option(roundState.rounding, updateRoundingNames())},
       {"optimizer-state",
        option(roundState.optimizerState, optimizerStateDtypeNames())},
       {"state-results", option(llvm::json::Array())},
       {"optimizer-state-args", option(llvm::json::Array())},
   };
-  llvm::json::Object lossScale{
+  return llvm::json::Object{{"options", std::move(options)}};
+}
+
+llvm::json::Object lossScaleOptionsJson() {
+  AmpLossScalePassOptions scale;
+  llvm::json::Object options{
       {"mode", option(scale.mode, lossScaleModeNames())},
       {"seed-arg", option(scale.seedArg)},
       {"gradient-results", option(llvm::json::Array())},
@@ -839,26 +861,28 @@ llvm::json::Object passesJson() {
       {"max-scale", option(scale.maxScale)},
       {"check-state", option(scale.checkState)},
   };
+  return llvm::json::Object{{"options", std::move(options)}};
+}
+
+llvm::json::Object numericsJson() {
   AmpNumericsPassOptions numerics;
-  llvm::json::Object numericsOptions{
+  llvm::json::Object options{
       {"collect", option(numerics.collect, kNumericsNames)},
   };
+  return llvm::json::Object{{"options", std::move(options)}};
+}
+
+/// Each pass's options (their defaults and choices), by pass name.
+llvm::json::Object passesJson() {
   return llvm::json::Object{
-      {"amp-insert-converts",
-       llvm::json::Object{{"options", std::move(insertConverts)},
-                          {"storage_defaults", std::move(storageDefaults)},
-                          {"level_defaults", std::move(levelDefaults)}}},
-      {"amp-fp8-gemms", llvm::json::Object{{"options", std::move(fp8Gemms)}}},
-      {"amp-rematerialize",
-       llvm::json::Object{{"options", std::move(rematerialize)},
-                          {"target_defaults", std::move(rematDefaults)}}},
-      {"amp-round-state",
-       llvm::json::Object{{"options", std::move(roundStateOptions)}}},
-      {"amp-loss-scale", llvm::json::Object{{"options", std::move(lossScale)}}},
-      {"amp-numerics",
-       llvm::json::Object{{"options", std::move(numericsOptions)}}},
-      {"amp-simplify-converts", llvm::json::Object{{"options",
-                                                    llvm::json::Object{}}}},
+      {"amp-insert-converts", insertConvertsJson()},
+      {"amp-fp8-gemms", fp8GemmsJson()},
+      {"amp-rematerialize", rematerializeJson()},
+      {"amp-round-state", roundStateJson()},
+      {"amp-loss-scale", lossScaleOptionsJson()},
+      {"amp-numerics", numericsJson()},
+      {"amp-simplify-converts",
+       llvm::json::Object{{"options", llvm::json::Object{}}}},
   };
 }
 
