@@ -102,6 +102,22 @@ Location inlinedLoc(Location calleeLoc, Location callLoc) {
   return NameLoc::get(StringAttr::get(context, name), frames);
 }
 
+/// Replaces `call` with a copy of `callee`'s body, located at the call.
+void inlineCall(func::CallOp call, func::FuncOp callee) {
+  Block &body = callee.getBody().front();
+  IRMapping mapping;
+  mapping.map(body.getArguments(), call.getOperands());
+  OpBuilder builder(call);
+  for (Operation &op : body.without_terminator())
+    builder.clone(op, mapping)->walk([&](Operation *inlined) {
+      inlined->setLoc(inlinedLoc(inlined->getLoc(), call.getLoc()));
+    });
+  for (auto [result, returned] :
+       llvm::zip(call.getResults(), body.getTerminator()->getOperands()))
+    result.replaceAllUsesWith(mapping.lookupOrDefault(returned));
+  call.erase();
+}
+
 } // namespace
 
 int64_t mlir::amp::inlinePrivateCalls(ModuleOp module) {
@@ -132,18 +148,7 @@ int64_t mlir::amp::inlinePrivateCalls(ModuleOp module) {
       func::FuncOp callee = inlinable(call);
       if (!callee)
         continue;
-      Block &body = callee.getBody().front();
-      IRMapping mapping;
-      mapping.map(body.getArguments(), call.getOperands());
-      OpBuilder builder(call);
-      for (Operation &op : body.without_terminator())
-        builder.clone(op, mapping)->walk([&](Operation *inlined) {
-          inlined->setLoc(inlinedLoc(inlined->getLoc(), call.getLoc()));
-        });
-      for (auto [result, returned] :
-           llvm::zip(call.getResults(), body.getTerminator()->getOperands()))
-        result.replaceAllUsesWith(mapping.lookupOrDefault(returned));
-      call.erase();
+      inlineCall(call, callee);
       if (!llvm::is_contained(inlined, callee))
         inlined.push_back(callee);
       ++count;

@@ -186,22 +186,33 @@ namespace {
 // lost; the key is kept so a step's rounding is a function of the state).
 // The loss scale is updated on every step: it backs off on a skipped one.
 constexpr StateRole kStateRoles[] = {
-    {attr::kLossScale, "loss_scale", "amp-loss-scale", false, false},
-    {attr::kLossScaleCounter, "loss_scale", "amp-loss-scale", false, false},
-    {attr::kGradsFinite, "loss_scale", "amp-loss-scale", false, false},
-    {attr::kStateFinite, "loss_scale", "amp-loss-scale", false, false},
-    // Measurements, not state: the step returns them (train_step's
-    // metrics) and nothing gives them back.
-    {attr::kGemmAmax, "metrics", "amp-numerics", false, false},
-    {attr::kGemmCounts, "metrics", "amp-numerics", false, false},
-    {attr::kNonFinite, "metrics", "amp-numerics", false, false},
-    {attr::kAmaxHistory, "amax_history", "amp-fp8-gemms", false, true},
-    {attr::kRoundingKey, "rounding_key", "amp-round-state", false, true},
-    {attr::kCompensation, "compensation", "amp-round-state", true, true},
+    {attr::kLossScale, "loss_scale", "amp-loss-scale",
+     /*perParameter=*/false, /*keptOnSkip=*/false},
+    {attr::kLossScaleCounter, "loss_scale", "amp-loss-scale",
+     /*perParameter=*/false, /*keptOnSkip=*/false},
+    {attr::kGradsFinite, "loss_scale", "amp-loss-scale",
+     /*perParameter=*/false, /*keptOnSkip=*/false},
+    {attr::kStateFinite, "loss_scale", "amp-loss-scale",
+     /*perParameter=*/false, /*keptOnSkip=*/false},
+    {attr::kAmaxHistory, "amax_history", "amp-fp8-gemms",
+     /*perParameter=*/false, /*keptOnSkip=*/true},
+    {attr::kRoundingKey, "rounding_key", "amp-round-state",
+     /*perParameter=*/false, /*keptOnSkip=*/true},
+    {attr::kCompensation, "compensation", "amp-round-state",
+     /*perParameter=*/true, /*keptOnSkip=*/true},
+};
+
+constexpr Measurement kMeasurements[] = {
+    {attr::kGemmAmax, "amp-numerics"},
+    {attr::kGemmCounts, "amp-numerics"},
+    {attr::kNonFinite, "amp-numerics"},
 };
 } // namespace
 
 llvm::ArrayRef<StateRole> mlir::amp::stateRoles() { return kStateRoles; }
+llvm::ArrayRef<Measurement> mlir::amp::measurements() {
+  return kMeasurements;
+}
 
 const StateRole &mlir::amp::stateRole(llvm::StringRef attribute) {
   for (const StateRole &role : kStateRoles)
@@ -331,9 +342,8 @@ constexpr llvm::StringRef kOptimizerStateDtypeNames[] = {"f32", "bf16", "f8"};
 // amp-fp8-gemms' scalings, in Fp8Scaling's order.
 constexpr llvm::StringRef kFp8ScalingNames[] = {"current", "delayed",
                                                 "rowwise", "mxfp8"};
-// How amp-fp8-gemms writes an MXFP8 GEMM: the `xla.scaled_dot` composite
-// (E8M0 scales; XLA:GPU makes it a block-scaled GEMM, JAX >= 0.9.1), or
-// dequantized operands feeding a plain dot (correct everywhere).
+// MxForm's, in its order: the composite has E8M0 scales (XLA:GPU makes it a
+// block-scaled GEMM, JAX >= 0.9.1); the dequantized form runs everywhere.
 constexpr llvm::StringRef kMxFormNames[] = {"composite", "dequantize"};
 // amp-numerics' collections, in Numerics' order.
 constexpr llvm::StringRef kNumericsNames[] = {"none", "stats",
@@ -374,17 +384,11 @@ llvm::ArrayRef<llvm::StringRef> mlir::amp::updateRoundingNames() {
   return kUpdateRoundingNames;
 }
 
-llvm::ArrayRef<llvm::StringRef> mlir::amp::fp8ScalingNames() {
-  return kFp8ScalingNames;
-}
 llvm::Expected<Fp8Scaling> mlir::amp::parseFp8Scaling(llvm::StringRef text) {
   return closedEnum<Fp8Scaling>(text, kFp8ScalingNames, "fp8_scaling");
 }
-bool mlir::amp::fp8ScalingIsStateful(Fp8Scaling scaling) {
-  return scaling == Fp8Scaling::Delayed;
-}
-llvm::ArrayRef<llvm::StringRef> mlir::amp::mxFormNames() {
-  return kMxFormNames;
+llvm::Expected<MxForm> mlir::amp::parseMxForm(llvm::StringRef text) {
+  return closedEnum<MxForm>(text, kMxFormNames, "value");
 }
 
 llvm::ArrayRef<llvm::StringRef> mlir::amp::numericsNames() {
@@ -544,13 +548,19 @@ llvm::json::Value rematerializeDefault(Target target) {
 }
 
 /// An option the entry points take, under its Python name (amp-opt: the
-/// same with dashes). Adding a pass option to the entry points is one row.
+/// same with dashes). Adding a pass option to the entry points is one row:
+/// its name, pass, pass option and kind (or passSwitch), then by name what
+/// differs from the defaults.
 struct EntryOption {
+  EntryOption(llvm::StringRef name, llvm::StringRef pass,
+              llvm::StringRef option, OptionKind kind)
+      : name(name), pass(pass), option(option), kind(kind) {}
+
   llvm::StringRef name;
   llvm::StringRef pass;
   /// The pass option it sets; empty: it switches the pass on or off.
   llvm::StringRef option;
-  OptionKind kind;
+  OptionKind kind = OptionKind::Bool;
   /// It configures state only amp.train_step carries (the amax histories).
   bool stateful = false;
   /// stablehlo-amp sets it (calibration's groups); users do not.
@@ -572,58 +582,120 @@ struct EntryOption {
   /// results, amp.train_step puts them in its metrics, amp.value_and_grad
   /// and amp.transform return them as one more element.
   llvm::ArrayRef<llvm::StringRef> measuredValues = {};
+
+  /// A closed choice: its canonical spelling.
+  EntryOption &&canonicalizedBy(Canonicalizer canonical) && {
+    canonicalize = canonical;
+    return std::move(*this);
+  }
+  EntryOption &&atLeast(int64_t least) && {
+    minimum = least;
+    return std::move(*this);
+  }
+  EntryOption &&keepsState() && {
+    stateful = true;
+    return std::move(*this);
+  }
+  EntryOption &&internalOnly() && {
+    internal = true;
+    return std::move(*this);
+  }
+  EntryOption &&namesTheTarget() && {
+    isTarget = true;
+    return std::move(*this);
+  }
+  EntryOption &&withTargetDefaults(llvm::json::Value (*defaults)(Target)) && {
+    targetDefault = defaults;
+    return std::move(*this);
+  }
+  EntryOption &&withBf16ParamsDefault(llvm::StringRef value) && {
+    bf16ParamsDefault = value;
+    return std::move(*this);
+  }
+  EntryOption &&withStatefulValue(llvm::StringRef value) && {
+    statefulValue = value;
+    return std::move(*this);
+  }
+  EntryOption &&withMeasuredValues(llvm::ArrayRef<llvm::StringRef> values) && {
+    measuredValues = values;
+    return std::move(*this);
+  }
 };
 
+/// Switches `pass` on or off (on by default); `help` says what it does.
+EntryOption passSwitch(llvm::StringRef name, llvm::StringRef pass,
+                       llvm::StringRef help) {
+  EntryOption entry(name, pass, /*option=*/"", OptionKind::Bool);
+  entry.switchHelp = help;
+  return entry;
+}
+
+constexpr llvm::StringLiteral kInsertConverts = "amp-insert-converts";
+constexpr llvm::StringLiteral kFp8Gemms = "amp-fp8-gemms";
+constexpr llvm::StringLiteral kRoundState = "amp-round-state";
+
 const EntryOption kEntryOptions[] = {
-    {"level", "amp-insert-converts", "level", OptionKind::Choice, false, false,
-     false, canonicalLevel, levelDefault},
-    {"target", "amp-insert-converts", "target", OptionKind::Choice, false,
-     false, /*isTarget=*/true, canonicalTarget},
-    {"dot_result", "amp-insert-converts", "dot-result", OptionKind::Choice,
-     false, false, false, canonicalDotResult},
-    {"storage", "amp-insert-converts", "storage", OptionKind::Choice, false,
-     false, false, canonicalStorage, storageDefault},
-    {"keep_f32", "amp-insert-converts", "keep-f32", OptionKind::OpNames},
-    {"force_compute", "amp-insert-converts", "force-compute",
-     OptionKind::OpNames},
-    {"keep_groups", "amp-insert-converts", "keep-groups", OptionKind::Ints,
-     false, /*internal=*/true},
-    {"storage_min_elements", "amp-insert-converts", "storage-min-elements",
-     OptionKind::Int, false, false, false, nullptr, nullptr, /*minimum=*/1},
-    {"strict", "amp-insert-converts", "strict", OptionKind::Bool},
-    {"decisions", "amp-insert-converts", "decisions", OptionKind::Choice,
-     false, false, false, canonicalDecisions},
-    {"reduce_dtype", "amp-insert-converts", "reduce-dtype",
-     OptionKind::Choice, false, false, false, canonicalReduceDtype},
-    {"rematerialize", "amp-rematerialize", "", OptionKind::Bool, false, false,
-     false, nullptr, rematerializeDefault, 0,
-     "On a training step, recompute cheap elementwise residuals in the "
-     "backward pass instead of keeping them"},
-    // Delayed scaling keeps state; the others are accepted everywhere
-    // (`stateful_values`).
-    {"fp8_scaling", "amp-fp8-gemms", "scaling", OptionKind::Choice,
-     /*stateful=*/false, false, false, canonicalFp8Scaling, nullptr, 0, "",
-     "", /*statefulValue=*/"delayed"},
-    {"fp8_min_size", "amp-fp8-gemms", "min-size", OptionKind::Int, false,
-     false, false, nullptr, fp8MinSizeDefault, /*minimum=*/0},
-    {"keep_gemms", "amp-fp8-gemms", "keep-gemms", OptionKind::Ints},
-    {"amax_history", "amp-fp8-gemms", "amax-history", OptionKind::Int,
-     /*stateful=*/true, false, false, nullptr, nullptr, /*minimum=*/1},
+    EntryOption("level", kInsertConverts, "level", OptionKind::Choice)
+        .canonicalizedBy(canonicalLevel)
+        .withTargetDefaults(levelDefault),
+    EntryOption("target", kInsertConverts, "target", OptionKind::Choice)
+        .canonicalizedBy(canonicalTarget)
+        .namesTheTarget(),
+    EntryOption("dot_result", kInsertConverts, "dot-result",
+                OptionKind::Choice)
+        .canonicalizedBy(canonicalDotResult),
+    EntryOption("storage", kInsertConverts, "storage", OptionKind::Choice)
+        .canonicalizedBy(canonicalStorage)
+        .withTargetDefaults(storageDefault),
+    EntryOption("keep_f32", kInsertConverts, "keep-f32", OptionKind::OpNames),
+    EntryOption("force_compute", kInsertConverts, "force-compute",
+                OptionKind::OpNames),
+    EntryOption("keep_groups", kInsertConverts, "keep-groups",
+                OptionKind::Ints)
+        .internalOnly(),
+    EntryOption("storage_min_elements", kInsertConverts,
+                "storage-min-elements", OptionKind::Int)
+        .atLeast(1),
+    EntryOption("strict", kInsertConverts, "strict", OptionKind::Bool),
+    EntryOption("decisions", kInsertConverts, "decisions", OptionKind::Choice)
+        .canonicalizedBy(canonicalDecisions),
+    EntryOption("reduce_dtype", kInsertConverts, "reduce-dtype",
+                OptionKind::Choice)
+        .canonicalizedBy(canonicalReduceDtype),
+    passSwitch("rematerialize", "amp-rematerialize",
+               "On a training step, recompute cheap elementwise residuals in "
+               "the backward pass instead of keeping them")
+        .withTargetDefaults(rematerializeDefault),
+    // Delayed scaling keeps state; the others are accepted everywhere.
+    EntryOption("fp8_scaling", kFp8Gemms, "scaling", OptionKind::Choice)
+        .canonicalizedBy(canonicalFp8Scaling)
+        .withStatefulValue("delayed"),
+    EntryOption("fp8_min_size", kFp8Gemms, "min-size", OptionKind::Int)
+        .atLeast(0)
+        .withTargetDefaults(fp8MinSizeDefault),
+    EntryOption("keep_gemms", kFp8Gemms, "keep-gemms", OptionKind::Ints),
+    EntryOption("amax_history", kFp8Gemms, "amax-history", OptionKind::Int)
+        .atLeast(1)
+        .keepsState(),
     // bf16 parameters are rounded stochastically unless asked otherwise: the
-    // measured best of the three for the state it keeps (README, Training).
+    // measured best of the three for the state it keeps
+    // (docs/low-precision-state.md).
     // The pass's own default stays nearest: it appends an argument only
     // when asked.
-    {"update_rounding", "amp-round-state", "rounding", OptionKind::Choice,
-     /*stateful=*/true, false, false, canonicalUpdateRounding, nullptr, 0, "",
-     /*bf16ParamsDefault=*/"stochastic"},
-    {"opt_state_dtype", "amp-round-state", "optimizer-state",
-     OptionKind::Choice, /*stateful=*/true, false, false,
-     canonicalOptimizerStateDtype},
-    {"skip_nonfinite", "amp-loss-scale", "check-state", OptionKind::Bool,
-     /*stateful=*/true},
-    {"numerics", "amp-numerics", "collect", OptionKind::Choice, false, false,
-     false, canonicalNumerics, nullptr, 0, "", "", "",
-     /*measuredValues=*/llvm::ArrayRef(kNumericsNames).drop_front()},
+    EntryOption("update_rounding", kRoundState, "rounding", OptionKind::Choice)
+        .canonicalizedBy(canonicalUpdateRounding)
+        .keepsState()
+        .withBf16ParamsDefault("stochastic"),
+    EntryOption("opt_state_dtype", kRoundState, "optimizer-state",
+                OptionKind::Choice)
+        .canonicalizedBy(canonicalOptimizerStateDtype)
+        .keepsState(),
+    EntryOption("skip_nonfinite", "amp-loss-scale", "check-state",
+                OptionKind::Bool)
+        .keepsState(),
+    EntryOption("numerics", "amp-numerics", "collect", OptionKind::Choice)
+        .canonicalizedBy(canonicalNumerics)
+        .withMeasuredValues(llvm::ArrayRef(kNumericsNames).drop_front()),
 };
 
 llvm::StringRef kindName(OptionKind kind) {
@@ -707,17 +779,15 @@ llvm::json::Object policyJson() {
           {"gemm_dtypes", std::move(gemms)}};
 }
 
-llvm::json::Object passesJson() {
+llvm::json::Object insertConvertsJson() {
   AmpInsertConvertsPassOptions convert;
-  AmpLossScalePassOptions scale;
-  llvm::json::Object storageDefaults, levelDefaults, rematDefaults;
+  llvm::json::Object storageDefaults, levelDefaults;
   for (llvm::StringRef name : targetNames()) {
     Target target = llvm::cantFail(parseTarget(name));
     storageDefaults[name] = storageName(defaultStorage(target));
     levelDefaults[name] = levelName(defaultLevel(target));
-    rematDefaults[name] = defaultRematerialize(target);
   }
-  llvm::json::Object insertConverts{
+  llvm::json::Object options{
       {"policy", option(convert.policy)},
       {"level", option(convert.level, levelNames())},
       {"target", option(convert.target, targetNames())},
@@ -732,8 +802,14 @@ llvm::json::Object passesJson() {
       {"decisions", option(convert.decisions, decisionsNames())},
       {"report", option(convert.report)},
   };
+  return llvm::json::Object{{"options", std::move(options)},
+                            {"storage_defaults", std::move(storageDefaults)},
+                            {"level_defaults", std::move(levelDefaults)}};
+}
+
+llvm::json::Object fp8GemmsJson() {
   AmpFp8GemmsPassOptions fp8;
-  llvm::json::Object fp8Gemms{
+  llvm::json::Object options{
       {"gemm", option(fp8.gemm, fp8GemmNames())},
       {"scaling", option(fp8.scaling, kFp8ScalingNames)},
       {"amax-history", option(fp8.amaxHistory)},
@@ -742,20 +818,38 @@ llvm::json::Object passesJson() {
       {"mx-form", option(fp8.mxForm, kMxFormNames)},
       {"report", option(fp8.report)},
   };
+  return llvm::json::Object{{"options", std::move(options)}};
+}
+
+llvm::json::Object rematerializeJson() {
   AmpRematerializePassOptions remat;
-  llvm::json::Object rematerialize{
+  llvm::json::Object targetDefaults;
+  for (llvm::StringRef name : targetNames())
+    targetDefaults[name] =
+        defaultRematerialize(llvm::cantFail(parseTarget(name)));
+  llvm::json::Object options{
       {"min-elements", option(remat.minElements)},
       {"max-ops", option(remat.maxOps)},
   };
+  return llvm::json::Object{{"options", std::move(options)},
+                            {"target_defaults", std::move(targetDefaults)}};
+}
+
+llvm::json::Object roundStateJson() {
   AmpRoundStatePassOptions roundState;
-  llvm::json::Object roundStateOptions{
+  llvm::json::Object options{
       {"rounding", option(roundState.rounding, updateRoundingNames())},
       {"optimizer-state",
        option(roundState.optimizerState, optimizerStateDtypeNames())},
       {"state-results", option(llvm::json::Array())},
       {"optimizer-state-args", option(llvm::json::Array())},
   };
-  llvm::json::Object lossScale{
+  return llvm::json::Object{{"options", std::move(options)}};
+}
+
+llvm::json::Object lossScaleOptionsJson() {
+  AmpLossScalePassOptions scale;
+  llvm::json::Object options{
       {"mode", option(scale.mode, lossScaleModeNames())},
       {"seed-arg", option(scale.seedArg)},
       {"gradient-results", option(llvm::json::Array())},
@@ -767,26 +861,28 @@ llvm::json::Object passesJson() {
       {"max-scale", option(scale.maxScale)},
       {"check-state", option(scale.checkState)},
   };
+  return llvm::json::Object{{"options", std::move(options)}};
+}
+
+llvm::json::Object numericsJson() {
   AmpNumericsPassOptions numerics;
-  llvm::json::Object numericsOptions{
+  llvm::json::Object options{
       {"collect", option(numerics.collect, kNumericsNames)},
   };
+  return llvm::json::Object{{"options", std::move(options)}};
+}
+
+/// Each pass's options (their defaults and choices), by pass name.
+llvm::json::Object passesJson() {
   return llvm::json::Object{
-      {"amp-insert-converts",
-       llvm::json::Object{{"options", std::move(insertConverts)},
-                          {"storage_defaults", std::move(storageDefaults)},
-                          {"level_defaults", std::move(levelDefaults)}}},
-      {"amp-fp8-gemms", llvm::json::Object{{"options", std::move(fp8Gemms)}}},
-      {"amp-rematerialize",
-       llvm::json::Object{{"options", std::move(rematerialize)},
-                          {"target_defaults", std::move(rematDefaults)}}},
-      {"amp-round-state",
-       llvm::json::Object{{"options", std::move(roundStateOptions)}}},
-      {"amp-loss-scale", llvm::json::Object{{"options", std::move(lossScale)}}},
-      {"amp-numerics",
-       llvm::json::Object{{"options", std::move(numericsOptions)}}},
-      {"amp-simplify-converts", llvm::json::Object{{"options",
-                                                    llvm::json::Object{}}}},
+      {"amp-insert-converts", insertConvertsJson()},
+      {"amp-fp8-gemms", fp8GemmsJson()},
+      {"amp-rematerialize", rematerializeJson()},
+      {"amp-round-state", roundStateJson()},
+      {"amp-loss-scale", lossScaleOptionsJson()},
+      {"amp-numerics", numericsJson()},
+      {"amp-simplify-converts",
+       llvm::json::Object{{"options", llvm::json::Object{}}}},
   };
 }
 
@@ -865,6 +961,16 @@ llvm::json::Object stateRolesJson() {
         {"per_parameter", role.perParameter},
         {"kept_on_skip", role.keptOnSkip}};
   return roles;
+}
+
+/// The measurements, by attribute: results a step returns and nothing gives
+/// back (amp.train_step's metrics).
+llvm::json::Object measurementsJson() {
+  llvm::json::Object measured;
+  for (const Measurement &measurement : measurements())
+    measured[measurement.attribute] =
+        llvm::json::Object{{"pass", measurement.pass}};
+  return measured;
 }
 
 /// The keys of the decision dictionary, by role (what Python calls them).
@@ -980,6 +1086,7 @@ std::string mlir::amp::contractJson() {
       {"attributes", std::move(attributes)},
       {"loss_scale", lossScaleJson()},
       {"state_roles", stateRolesJson()},
+      {"measurements", measurementsJson()},
       // How optimizer-state=f8 lays out a tensor (a front end makes the
       // first state in it).
       {"optimizer_state_f8",

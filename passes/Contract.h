@@ -247,6 +247,16 @@ llvm::ArrayRef<StateRole> stateRoles();
 /// The role marked `attribute` (one of stateRoles()).
 const StateRole &stateRole(llvm::StringRef attribute);
 
+/// A value a pass appends to `main` as a result only, marked with
+/// `attribute`: a measurement of the step (amp.train_step's metrics), which
+/// nothing gives back. Not state.
+struct Measurement {
+  llvm::StringLiteral attribute;
+  llvm::StringLiteral pass; ///< the pass that appends it
+};
+/// Every measurement a pass appends, in no particular order.
+llvm::ArrayRef<Measurement> measurements();
+
 //===----------------------------------------------------------------------===//
 // Decisions
 //===----------------------------------------------------------------------===//
@@ -310,14 +320,12 @@ llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);
 /// (rowwise); or MXFP8: one power-of-two (E8M0) scale per block of
 /// `kMxBlock` elements along the contraction, E4M3 data.
 enum class Fp8Scaling { Current, Delayed, Rowwise, Mxfp8 };
-llvm::ArrayRef<llvm::StringRef> fp8ScalingNames();
 llvm::Expected<Fp8Scaling> parseFp8Scaling(llvm::StringRef text);
-/// Whether a scaling keeps state across steps (only amp.train_step
-/// carries it).
-bool fp8ScalingIsStateful(Fp8Scaling scaling);
 inline constexpr int64_t kMxBlock = 32;
-/// amp-fp8-gemms' `mx-form` values: composite, dequantize.
-llvm::ArrayRef<llvm::StringRef> mxFormNames();
+/// How amp-fp8-gemms writes an MXFP8 GEMM (`mx-form`): the `xla.scaled_dot`
+/// composite, or dequantized operands feeding a plain dot.
+enum class MxForm { Composite, Dequantize };
+llvm::Expected<MxForm> parseMxForm(llvm::StringRef text);
 
 /// amp-numerics' `collect` values: none, stats, provenance.
 enum class Numerics { None, Stats, Provenance };

@@ -4,14 +4,16 @@
 // (convert to FP8 of a clamped, scaled value) accumulating in f32, times
 // the scales (per tensor or per row): the form XLA:GPU keeps as an FP8 GEMM
 // with the scaling in its epilogue. MXFP8 (E4M3 blocks of 32 with E8M0
-// scales) becomes an `xla.scaled_dot` composite, a block-scaled GEMM on
-// Blackwell, or a dot of dequantized operands. XLA:CPU runs them upcast,
-// so the numerics can be tested anywhere.
+// scales, Mxfp8.cpp) becomes an `xla.scaled_dot` composite, a block-scaled
+// GEMM on Blackwell, or a dot of dequantized operands. XLA:CPU runs them
+// upcast, so the numerics can be tested anywhere.
 //
 //===----------------------------------------------------------------------===//
 
 #include "Backward.h"
 #include "Contract.h"
+#include "Mxfp8.h"
+#include "PassSupport.h"
 #include "Passes.h"
 #include "Policy.h"
 #include "StableHLO.h"
@@ -110,43 +112,6 @@ std::optional<Ineligible> ineligibility(Operation *dot, GemmSizes &gemm) {
   return std::nullopt;
 }
 
-/// An MXFP8 GEMM's operands are matrices [free, contraction] (XLA's
-/// scaled-dot takes one free and one contracting dimension each), blocked
-/// along the contraction, and the product [M, N] is reshaped back.
-const shlo::DotDimensions &matrixDimensions() {
-  static const shlo::DotDimensions dims{{}, {}, {1}, {1}};
-  return dims;
-}
-
-/// `value`, an operand of a dot with `contracting` and `batch` (each of
-/// one) dimensions, as the matrix [free, contraction]: its free dimensions
-/// then its contracting ones in their listed order (the order both
-/// operands share), flattened.
-Value asMatrix(OpBuilder &builder, Location loc, Value value,
-               llvm::ArrayRef<int64_t> contracting,
-               llvm::ArrayRef<int64_t> batch) {
-  auto type = cast<RankedTensorType>(value.getType());
-  llvm::SmallVector<int64_t> order;
-  int64_t free = 1, contraction = 1;
-  for (int64_t d = 0; d < type.getRank(); ++d)
-    if (!llvm::is_contained(contracting, d) && !llvm::is_contained(batch, d)) {
-      order.push_back(d);
-      free *= type.getDimSize(d);
-    }
-  for (int64_t d : contracting) {
-    order.push_back(d);
-    contraction *= type.getDimSize(d);
-  }
-  for (int64_t d : batch)
-    order.push_back(d);
-  if (!llvm::equal(order, llvm::seq<int64_t>(0, type.getRank())))
-    value = shlo::buildTranspose(builder, loc, value, order);
-  if (cast<RankedTensorType>(value.getType()).getShape() ==
-      llvm::ArrayRef<int64_t>{free, contraction})
-    return value;
-  return shlo::buildReshape(builder, loc, value, {free, contraction});
-}
-
 /// Why `dot`, eligible, cannot be an MXFP8 GEMM: a contraction MXFP8
 /// cannot block.
 std::optional<Ineligible> unblockable(const GemmSizes &gemm,
@@ -216,12 +181,14 @@ public:
 private:
   GemmDtype format = GemmDtype::F8;
   Fp8Scaling scalingMode = Fp8Scaling::Current;
-  /// What `mx-form` asks for, and what this module gets: XLA (as of JAX
-  /// 0.10) cannot partition the composite, so a program XLA's SPMD
+  /// What `mx-form` asks for, and whether this module gets the composite:
+  /// XLA (as of JAX 0.10) cannot partition it, so a program XLA's SPMD
   /// partitioner splits gets the dequantized form.
-  bool mxComposite = true;
+  MxForm form = MxForm::Composite;
   bool writeComposite = true;
-  std::string optionError;
+  OptionCheck options;
+
+  llvm::Error parseOptions();
 
   OperandPlan planOperand(Value operand,
                           const llvm::DenseSet<Value> &gradients);
@@ -233,14 +200,7 @@ private:
   /// (delayed: from a history appended to main; else current).
   Value referenceAmax(OpBuilder &builder, Location loc, Value currentAmax,
                       func::FuncOp main, bool topLevel);
-  /// An operand in FP8 and the f32 scale it was divided by: a scalar (per
-  /// tensor), the operand's free dimensions (rowwise: its batch dimensions,
-  /// each of one, left out), or the operand's shape with the block
-  /// dimension divided by 32 (mxfp8).
-  struct Quantized {
-    Value value;
-    Value scale;
-  };
+  using Quantized = Fp8Operand;
   Value widened(OpBuilder &builder, Location loc, Value operand);
   /// Operand `index` of `dot` in FP8.
   Quantized quantize(OpBuilder &builder, Operation *dot, unsigned index,
@@ -248,18 +208,19 @@ private:
   Quantized quantizeRows(OpBuilder &builder, Location loc, Value wide,
                          FloatType format, llvm::ArrayRef<int64_t> contracting,
                          llvm::ArrayRef<int64_t> batch);
-  Quantized quantizeBlocks(OpBuilder &builder, Location loc, Value wide,
-                           int64_t blockDim);
   void replaceWithFp8Dot(OpBuilder &builder, Operation *dot,
                          const Quantized &lhs, const Quantized &rhs,
                          bool computeResult);
-  void replaceWithBlockScaledDot(OpBuilder &builder, Operation *dot,
-                                 const Quantized &lhs, const Quantized &rhs);
-  /// The private function decomposing an `xla.scaled_dot` composite
-  /// replacing `dot` (the dequantized dot).
-  FlatSymbolRefAttr scaledDotDecomposition(Operation *dot,
-                                           TypeRange operandTypes,
-                                           Type resultType);
+  /// The low-precision dots of `module` (what amp-insert-converts lowered),
+  /// in program order: what keep-gemms and gemm_index number.
+  static llvm::SmallVector<Operation *> lowPrecisionDots(ModuleOp module);
+  /// Whether every dot keep-gemms names is one of `count` low-precision
+  /// dots; the error names the range when not.
+  LogicalResult checkKeptGemms(ModuleOp module, size_t count);
+  /// Rewrites `candidate`, eligible and `index`-th of the low-precision
+  /// dots, as an FP8 GEMM and says so in its decision.
+  void rewriteGemm(const GemmCandidate &candidate, int64_t index,
+                   func::FuncOp main);
   /// FP8 dots made so far, in program order (their survival markers).
   unsigned fp8DotCount = 0;
   /// Per-tensor current quantizations made so far, by source, format and
@@ -283,39 +244,29 @@ private:
                           const Ineligible &ineligible);
 };
 
+llvm::Error Fp8GemmsPass::parseOptions() {
+  if (llvm::Error error = readOption("gemm", parseFp8Gemm(gemm), format))
+    return error;
+  if (llvm::Error error =
+          readOption("scaling", parseFp8Scaling(scaling), scalingMode))
+    return error;
+  if (amaxHistory < 1)
+    return llvm::createStringError(
+        "invalid option 'amax-history': must be at least 1, got " +
+        std::to_string(amaxHistory));
+  if (minSize < 0)
+    return llvm::createStringError(
+        "invalid option 'min-size': must be at least 0, got " +
+        std::to_string(minSize));
+  if (scalingMode == Fp8Scaling::Mxfp8 && format == GemmDtype::F8E5M2)
+    return llvm::createStringError(
+        "invalid option 'scaling': mxfp8 stores E4M3 data; use gemm=f8 or "
+        "gemm=f8e4m3fn with it");
+  return readOption("mx-form", parseMxForm(mxForm), form);
+}
+
 LogicalResult Fp8GemmsPass::initialize(MLIRContext *context) {
-  llvm::Expected<GemmDtype> parsed = parseFp8Gemm(gemm);
-  llvm::Expected<Fp8Scaling> parsedScaling = parseFp8Scaling(scaling);
-  if (!parsed) {
-    optionError =
-        "invalid option 'gemm': " + llvm::toString(parsed.takeError());
-    llvm::consumeError(parsedScaling.takeError());
-  } else if (!parsedScaling) {
-    optionError = "invalid option 'scaling': " +
-                  llvm::toString(parsedScaling.takeError());
-  } else {
-    format = *parsed;
-    scalingMode = *parsedScaling;
-  }
-  if (optionError.empty() && amaxHistory < 1)
-    optionError = "invalid option 'amax-history': must be at least 1, got " +
-                  std::to_string(amaxHistory);
-  if (optionError.empty() && minSize < 0)
-    optionError = "invalid option 'min-size': must be at least 0, got " +
-                  std::to_string(minSize);
-  if (optionError.empty() && scalingMode == Fp8Scaling::Mxfp8 &&
-      format == GemmDtype::F8E5M2)
-    optionError = "invalid option 'scaling': mxfp8 stores E4M3 data; use "
-                  "gemm=f8 or gemm=f8e4m3fn with it";
-  if (optionError.empty()) {
-    if (mxForm == mxFormNames()[0])
-      mxComposite = true;
-    else if (mxForm == mxFormNames()[1])
-      mxComposite = false;
-    else
-      optionError = "invalid option 'mx-form': unknown value '" + mxForm +
-                    "' (accepted: " + llvm::join(mxFormNames(), ", ") + ")";
-  }
+  options.keep(parseOptions());
   return success();
 }
 
@@ -457,11 +408,11 @@ Fp8GemmsPass::quantize(OpBuilder &builder, Operation *dot, unsigned index,
                         lhs ? dims.lhsContracting : dims.rhsContracting,
                         lhs ? dims.lhsBatch : dims.rhsBatch);
   if (scalingMode == Fp8Scaling::Mxfp8)
-    return quantizeBlocks(
+    return mxfp8::quantizeBlocks(
         builder, loc,
-        asMatrix(builder, loc, wide,
-                 lhs ? dims.lhsContracting : dims.rhsContracting,
-                 lhs ? dims.lhsBatch : dims.rhsBatch),
+        mxfp8::asMatrix(builder, loc, wide,
+                        lhs ? dims.lhsContracting : dims.rhsContracting,
+                        lhs ? dims.lhsBatch : dims.rhsBatch),
         1);
   bool topLevel = dot->getParentOp() == main.getOperation();
   bool shared = scalingMode == Fp8Scaling::Current;
@@ -539,107 +490,6 @@ Fp8GemmsPass::Quantized Fp8GemmsPass::quantizeRows(
   if (scaleType.getRank() != static_cast<int64_t>(free.size()))
     scale = shlo::buildReshape(builder, loc, scale, free);
   return {codes, scale};
-}
-
-/// `shape` with dimension `blockDim` split into [size / kMxBlock, kMxBlock].
-static llvm::SmallVector<int64_t> blockedShape(llvm::ArrayRef<int64_t> shape,
-                                               int64_t blockDim) {
-  llvm::SmallVector<int64_t> blocked(shape);
-  blocked[blockDim] /= kMxBlock;
-  blocked.insert(blocked.begin() + blockDim + 1, kMxBlock);
-  return blocked;
-}
-
-/// Every dimension of the blocked shape but the one inside a block: where a
-/// per-block value broadcasts from.
-static llvm::SmallVector<int64_t> blockBroadcastDims(int64_t rank,
-                                                     int64_t blockDim) {
-  llvm::SmallVector<int64_t> dims;
-  for (int64_t d = 0; d <= rank; ++d)
-    if (d != blockDim + 1)
-      dims.push_back(d);
-  return dims;
-}
-
-Fp8GemmsPass::Quantized Fp8GemmsPass::quantizeBlocks(OpBuilder &builder,
-                                                     Location loc, Value wide,
-                                                     int64_t blockDim) {
-  auto type = cast<RankedTensorType>(wide.getType());
-  Type f32 = builder.getF32Type(), i32 = builder.getI32Type();
-  auto blockedType =
-      RankedTensorType::get(blockedShape(type.getShape(), blockDim), f32);
-  auto op = [&](llvm::StringRef name, ValueRange operands) {
-    return shlo::buildElementwise(builder, loc, name, operands);
-  };
-  Value blocks = shlo::buildReshape(builder, loc, wide, blockedType.getShape());
-  Value amax = shlo::buildReduce(builder, loc, op("abs", {blocks}),
-                                 {blockDim + 1}, "maximum", 0.0);
-  auto scaleType = cast<RankedTensorType>(amax.getType());
-  auto intType = RankedTensorType::get(scaleType.getShape(), i32);
-  auto splat = [&](Type element, double v, RankedTensorType like) {
-    return shlo::buildBroadcastScalar(
-        builder, loc, shlo::buildScalar(builder, loc, element, v),
-        RankedTensorType::get(like.getShape(), element));
-  };
-  auto integer = [&](int64_t v) { return splat(i32, v, intType); };
-  // The smallest power of two that keeps the block within E4M3's 448 =
-  // 1.75 * 2^8, from amax's bits (exact; log2 in floating point is not):
-  // amax = 1.m * 2^E needs 2^(E-8), or 2^(E-7) when 1.m > 1.75.
-  Value bits = shlo::buildBitcastConvert(builder, loc, amax, intType);
-  Value biased = op("shift_right_logical", {bits, integer(23)});
-  Value mantissa = op("and", {bits, integer(0x7FFFFF)});
-  Value roundsUp = shlo::buildSelect(
-      builder, loc, shlo::buildCompare(builder, loc, mantissa,
-                                       integer(0x600000), "GT"),
-      integer(1), integer(0));
-  Value exponent = op("add", {op("subtract", {biased, integer(127 + 8)}),
-                              roundsUp});
-  // E8M0 holds 2^-127 .. 2^127; the least here is 2^-126 (an all-zero
-  // block's), f32's least normal: XLA flushes subnormals to zero, and a
-  // block divided by a zero scale would be NaN.
-  exponent = shlo::buildClamp(builder, loc,
-                              shlo::buildScalar(builder, loc, i32, -126),
-                              exponent,
-                              shlo::buildScalar(builder, loc, i32, 127));
-  // 2^e as f32 bits.
-  Value scaleBits =
-      op("shift_left", {op("add", {exponent, integer(127)}), integer(23)});
-  Value scale = shlo::buildBitcastConvert(builder, loc, scaleBits, scaleType);
-  // A block holding inf or NaN gets a NaN scale (as in the OCP MX format),
-  // so the overflow reaches the output and the loss-scale check.
-  scale = shlo::buildSelect(
-      builder, loc, shlo::buildIsFinite(builder, loc, amax), scale,
-      splat(f32, std::nan(""), scaleType));
-  Value scaled = op("divide",
-                    {blocks, shlo::buildBroadcastInDim(
-                                 builder, loc, scale, blockedType,
-                                 blockBroadcastDims(type.getRank(), blockDim))});
-  Value clamped = shlo::buildClamp(
-      builder, loc, shlo::buildScalar(builder, loc, f32, -448.0), scaled,
-      shlo::buildScalar(builder, loc, f32, 448.0));
-  Value codes = shlo::buildConvert(builder, loc, clamped,
-                                   Float8E4M3FNType::get(builder.getContext()));
-  return {shlo::buildReshape(builder, loc, codes, type.getShape()), scale};
-}
-
-/// MXFP8 `codes` times their per-block `scale` (f32 or E8M0), in
-/// `elementType`: exact, a code times a power of two.
-static Value dequantizeBlocks(OpBuilder &builder, Location loc, Value codes,
-                              Value scale, int64_t blockDim,
-                              Type elementType) {
-  auto type = cast<RankedTensorType>(codes.getType());
-  Type scaleElement = cast<RankedTensorType>(scale.getType()).getElementType();
-  auto blockedScaleType = RankedTensorType::get(
-      blockedShape(type.getShape(), blockDim), scaleElement);
-  Value perElement = shlo::buildReshape(
-      builder, loc,
-      shlo::buildBroadcastInDim(builder, loc, scale, blockedScaleType,
-                                blockBroadcastDims(type.getRank(), blockDim)),
-      type.getShape());
-  return shlo::buildElementwise(
-      builder, loc, "multiply",
-      {shlo::buildConvert(builder, loc, codes, elementType),
-       shlo::buildConvert(builder, loc, perElement, elementType)});
 }
 
 /// `operand` in f32, for quantizing. A low-precision operand that is the
@@ -721,124 +571,6 @@ void Fp8GemmsPass::replaceWithFp8Dot(OpBuilder &builder, Operation *dot,
   dot->erase();
 }
 
-/// `dot` as an MXFP8 GEMM. The composite form is what `jax.lax.scaled_dot`
-/// emits (JAX >= 0.9.1): the codes and their E8M0 scales, accumulating in
-/// f32 or bf16 (its only result types; another is converted after). The
-/// dequantized form multiplies each code by its scale, exactly, in the
-/// dot's operand type and runs the original dot.
-void Fp8GemmsPass::replaceWithBlockScaledDot(OpBuilder &builder,
-                                             Operation *dot,
-                                             const Quantized &lhs,
-                                             const Quantized &rhs) {
-  Location loc = dot->getLoc();
-  auto resultType = cast<RankedTensorType>(dot->getResult(0).getType());
-  const shlo::DotDimensions &dims = matrixDimensions();
-  // [M, N] of the matrices, reshaped to the dot's result (batch dimensions
-  // of one, lhs free, rhs free) at the end.
-  int64_t m = cast<RankedTensorType>(lhs.value.getType()).getDimSize(0);
-  int64_t n = cast<RankedTensorType>(rhs.value.getType()).getDimSize(0);
-  Operation *gemm;
-  Value result;
-  if (writeComposite) {
-    Type e8m0 = Float8E8M0FNUType::get(builder.getContext());
-    Value lhsScale = shlo::buildConvert(builder, loc, lhs.scale, e8m0);
-    Value rhsScale = shlo::buildConvert(builder, loc, rhs.scale, e8m0);
-    // XLA turns the composite into a block-scaled GEMM that keeps no
-    // marker: the lhs scale, which only the GEMM reads, carries it too.
-    shlo::markDecision(lhsScale.getDefiningOp(), attr::kFp8Marker,
-                       fp8DotCount);
-    Type accumulated = resultType.getElementType();
-    if (!accumulated.isBF16() && !accumulated.isF32())
-      accumulated = builder.getF32Type();
-    auto compositeType = RankedTensorType::get({m, n}, accumulated);
-    llvm::SmallVector<Value> operands{lhs.value, rhs.value, lhsScale,
-                                      rhsScale};
-    MLIRContext *context = builder.getContext();
-    auto ints = [&](llvm::ArrayRef<int64_t> values) {
-      llvm::SmallVector<Attribute> attrs;
-      for (int64_t v : values)
-        attrs.push_back(builder.getI64IntegerAttr(v));
-      return ArrayAttr::get(context, attrs);
-    };
-    // ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)).
-    Attribute dimensionNumbers = ArrayAttr::get(
-        context,
-        {ArrayAttr::get(context, {ints(dims.lhsContracting),
-                                  ints(dims.rhsContracting)}),
-         ArrayAttr::get(context, {ints(dims.lhsBatch), ints(dims.rhsBatch)})});
-    DictionaryAttr attributes = builder.getDictionaryAttr(
-        {builder.getNamedAttr("dimension_numbers", dimensionNumbers),
-         builder.getNamedAttr("preferred_element_type",
-                              TypeAttr::get(accumulated))});
-    gemm = shlo::buildComposite(
-        builder, loc, attr::kScaledDotComposite, operands, compositeType,
-        attributes,
-        scaledDotDecomposition(dot, ValueRange(operands).getTypes(),
-                               compositeType));
-    // The dot's decision (and any attribute of its own) stays with it.
-    gemm->setDiscardableAttrs(dot->getDiscardableAttrDictionary());
-    result = gemm->getResult(0);
-    if (accumulated != resultType.getElementType())
-      result = shlo::buildConvert(builder, loc, result,
-                                  resultType.getElementType());
-  } else {
-    auto operandType = [&](unsigned i) {
-      return cast<RankedTensorType>(dot->getOperand(i).getType())
-          .getElementType();
-    };
-    // The codes go through a barrier: without one XLA:GPU, in a
-    // partitioned program, folded the FP8 convert into the bf16 one and
-    // dropped the rounding.
-    auto held = [&](Value codes) {
-      return shlo::buildOptimizationBarrier(builder, loc, codes)->getResult(0);
-    };
-    Value lhsValues = dequantizeBlocks(builder, loc, held(lhs.value),
-                                       lhs.scale, 1, operandType(0));
-    // XLA:CPU rewrites a bf16 dot into an f32 one without its marker: the
-    // lhs's dequantization (the FP8 rounding kept) carries it too.
-    shlo::markDecision(lhsValues.getDefiningOp(), attr::kFp8Marker,
-                       fp8DotCount);
-    Value rhsValues = dequantizeBlocks(builder, loc, held(rhs.value),
-                                       rhs.scale, 1, operandType(1));
-    result = shlo::buildDotGeneral(
-        builder, dot, lhsValues, rhsValues, dims,
-        RankedTensorType::get({m, n}, resultType.getElementType()));
-    gemm = result.getDefiningOp();
-  }
-  shlo::markDecision(gemm, attr::kFp8Marker, fp8DotCount++);
-  if (resultType.getShape() != llvm::ArrayRef<int64_t>{m, n})
-    result = shlo::buildReshape(builder, loc, result, resultType.getShape());
-  dot->getResult(0).replaceAllUsesWith(result);
-  dot->erase();
-}
-
-FlatSymbolRefAttr
-Fp8GemmsPass::scaledDotDecomposition(Operation *dot, TypeRange operandTypes,
-                                     Type resultType) {
-  ModuleOp module = getOperation();
-  Location loc = dot->getLoc();
-  auto function = func::FuncOp::create(
-      loc, attr::kScaledDotComposite,
-      FunctionType::get(&getContext(), operandTypes, {resultType}));
-  function.setPrivate();
-  // Unique among the module's symbols (one per dot): xla.scaled_dot_0, ...
-  SymbolTable(module).insert(function);
-  OpBuilder builder(&getContext());
-  Block *body = function.addEntryBlock();
-  builder.setInsertionPointToStart(body);
-  // As jax.lax.scaled_dot's decomposition: dequantized in bf16 (exact).
-  Type bf16 = builder.getBF16Type();
-  Value lhs = dequantizeBlocks(builder, loc, body->getArgument(0),
-                               body->getArgument(2), 1, bf16);
-  Value rhs = dequantizeBlocks(builder, loc, body->getArgument(1),
-                               body->getArgument(3), 1, bf16);
-  Value product = shlo::buildDotGeneral(builder, dot, lhs, rhs,
-                                        matrixDimensions(), resultType);
-  product.getDefiningOp()->setDiscardableAttrs(builder.getDictionaryAttr({}));
-  func::ReturnOp::create(builder, loc, product);
-  return FlatSymbolRefAttr::get(function.getSymNameAttr());
-}
-
 void Fp8GemmsPass::annotate(Operation *dot, int64_t gemmIndex,
                             llvm::StringRef text,
                             std::optional<int64_t> marker,
@@ -879,23 +611,11 @@ void Fp8GemmsPass::annotateIneligible(Operation *dot, int64_t gemmIndex,
            ineligible.detail);
 }
 
-void Fp8GemmsPass::runOnOperation() {
-  ModuleOp module = getOperation();
-  if (!optionError.empty()) {
-    module.emitError() << optionError;
-    return signalPassFailure();
-  }
-  auto main = module.lookupSymbol<func::FuncOp>("main");
-  fp8DotCount = 0;
-  quantizations.clear();
-  bool partitioned = shlo::partitionCount(module) > 1;
-  writeComposite = mxComposite && !partitioned;
-  llvm::DenseSet<Value> gradients = backwardValues(module);
+llvm::SmallVector<Operation *> Fp8GemmsPass::lowPrecisionDots(ModuleOp module) {
   llvm::SmallVector<Operation *> dots;
   module.walk([&](Operation *op) {
     if (!shlo::isDotGeneral(op))
       return;
-    // Only the dots amp-insert-converts lowered: low-precision operands.
     auto low = [](Value v) {
       FloatType element = shlo::getFloatElementType(v.getType());
       return element && element.getWidth() == 16;
@@ -903,63 +623,84 @@ void Fp8GemmsPass::runOnOperation() {
     if (low(op->getOperand(0)) && low(op->getOperand(1)))
       dots.push_back(op);
   });
-  for (int64_t index : keepGemms)
-    if (index < 0 || index >= static_cast<int64_t>(dots.size())) {
-      module.emitError() << "invalid option 'keep-gemms': no low-precision "
-                            "dot "
-                         << index << " (the module has " << dots.size()
-                         << (dots.size() ? ", numbered 0 to " +
-                                               std::to_string(dots.size() - 1)
-                                         : std::string())
-                         << "; the report's gemm_index)";
-      return signalPassFailure();
-    }
+  return dots;
+}
+
+LogicalResult Fp8GemmsPass::checkKeptGemms(ModuleOp module, size_t count) {
+  for (int64_t kept : keepGemms)
+    if (kept < 0 || kept >= static_cast<int64_t>(count))
+      return module.emitError()
+             << "invalid option 'keep-gemms': no low-precision dot " << kept
+             << " (the module has " << count
+             << (count ? ", numbered 0 to " + std::to_string(count - 1)
+                       : std::string())
+             << "; the report's gemm_index)";
+  return success();
+}
+
+void Fp8GemmsPass::rewriteGemm(const GemmCandidate &candidate, int64_t index,
+                               func::FuncOp main) {
+  Operation *dot = candidate.dot;
+  OpBuilder builder(dot);
+  bool delayed = scalingMode == Fp8Scaling::Delayed && main &&
+                 dot->getParentOp() == main.getOperation();
+  llvm::SmallVector<Quantized, 2> operands;
+  std::string formats, separator;
+  for (auto [operand, plan] : llvm::enumerate(candidate.plans)) {
+    operands.push_back(quantize(builder, dot, operand, plan,
+                                delayed ? main : func::FuncOp()));
+    formats += separator + (isa<Float8E5M2Type>(plan.format) ? "f8e5m2"
+                                                             : "f8e4m3fn");
+    separator = " x ";
+  }
+  if (scalingMode == Fp8Scaling::Mxfp8) {
+    annotate(dot, index,
+             formats + ", mxfp8 (blocks of 32, E8M0 scales" +
+                 (writeComposite ? ", xla.scaled_dot)"
+                  : form == MxForm::Composite
+                      ? ", dequantized: XLA does not partition "
+                        "xla.scaled_dot)"
+                      : ", dequantized)"),
+             fp8DotCount);
+    mxfp8::replaceWithBlockScaledDot(builder, getOperation(), dot,
+                                     operands[0], operands[1], writeComposite,
+                                     fp8DotCount++);
+    return;
+  }
+  annotate(dot, index,
+           formats + (delayed ? ", delayed scaling"
+                      : scalingMode == Fp8Scaling::Rowwise
+                          ? ", rowwise scaling"
+                          : ", current scaling"),
+           fp8DotCount);
+  // A dot amp-insert-converts made in the compute dtype (a stored value on
+  // gpu, reduce-dtype=compute) stays so: where XLA partitions the GEMM
+  // along its contraction, it reduces the partial sums in the dtype the
+  // GEMM writes.
+  bool computeResult =
+      shlo::getFloatElementType(dot->getResult(0).getType()).getWidth() == 16;
+  replaceWithFp8Dot(builder, dot, operands[0], operands[1], computeResult);
+}
+
+void Fp8GemmsPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  if (failed(options.report(module)))
+    return signalPassFailure();
+  func::FuncOp main = entryFunction(module);
+  fp8DotCount = 0;
+  quantizations.clear();
+  bool partitioned = shlo::partitionCount(module) > 1;
+  writeComposite = form == MxForm::Composite && !partitioned;
+  llvm::DenseSet<Value> gradients = backwardValues(module);
+  llvm::SmallVector<Operation *> dots = lowPrecisionDots(module);
+  if (failed(checkKeptGemms(module, dots.size())))
+    return signalPassFailure();
   llvm::SmallVector<GemmCandidate> candidates = decideFp8(dots, gradients);
   for (auto [index, candidate] : llvm::enumerate(candidates)) {
-    Operation *dot = candidate.dot;
-    if (candidate.ineligible) {
-      annotateIneligible(dot, index, *candidate.ineligible);
-      continue;
-    }
-    llvm::SmallVector<OperandPlan, 2> &plans = candidate.plans;
-    OpBuilder builder(dot);
-    bool delayed = scalingMode == Fp8Scaling::Delayed && main &&
-                   dot->getParentOp() == main.getOperation();
-    llvm::SmallVector<Quantized, 2> operands;
-    std::string formats, separator;
-    for (auto [index, plan] : llvm::enumerate(plans)) {
-      operands.push_back(quantize(builder, dot, index, plan,
-                                  delayed ? main : func::FuncOp()));
-      formats += separator + (isa<Float8E5M2Type>(plan.format) ? "f8e5m2"
-                                                               : "f8e4m3fn");
-      separator = " x ";
-    }
-    if (scalingMode == Fp8Scaling::Mxfp8) {
-      annotate(dot, index,
-               formats + ", mxfp8 (blocks of 32, E8M0 scales" +
-                   (writeComposite ? ", xla.scaled_dot)"
-                    : mxComposite
-                        ? ", dequantized: XLA does not partition "
-                          "xla.scaled_dot)"
-                        : ", dequantized)"),
-               fp8DotCount);
-      replaceWithBlockScaledDot(builder, dot, operands[0], operands[1]);
-      continue;
-    }
-    annotate(dot, index,
-             formats + (delayed ? ", delayed scaling"
-                        : scalingMode == Fp8Scaling::Rowwise
-                            ? ", rowwise scaling"
-                            : ", current scaling"),
-             fp8DotCount);
-    // A dot amp-insert-converts made in the compute dtype (a stored value
-    // on gpu, reduce-dtype=compute) stays so: where XLA partitions the
-    // GEMM along its contraction, it reduces the partial sums in the dtype
-    // the GEMM writes.
-    bool computeResult =
-        shlo::getFloatElementType(dot->getResult(0).getType()).getWidth() ==
-        16;
-    replaceWithFp8Dot(builder, dot, operands[0], operands[1], computeResult);
+    if (candidate.ineligible)
+      annotateIneligible(candidate.dot, index, *candidate.ineligible);
+    else
+      rewriteGemm(candidate, index, main);
   }
 }
 

@@ -10,6 +10,7 @@
 #include "Calls.h"
 #include "Contract.h"
 #include "CpuDotLayout.h"
+#include "PassSupport.h"
 #include "Passes.h"
 #include "Policy.h"
 #include "PrecisionAnalysis.h"
@@ -395,7 +396,7 @@ public:
 
 private:
   PrecisionOptions parsed;
-  std::string optionError;
+  OptionCheck options;
 
   llvm::Error parseOptions();
   void annotateDecisions(const PrecisionAnalysis &analysis);
@@ -415,32 +416,25 @@ llvm::Error parseOpNames(llvm::StringRef option,
 }
 
 llvm::Error InsertConvertsPass::parseOptions() {
-  auto invalid = [](llvm::StringRef option, llvm::Error error) {
-    return llvm::createStringError("invalid option '" + option +
-                                   "': " + llvm::toString(std::move(error)));
-  };
   llvm::Expected<Policy> policyOr = parsePolicy(policy);
   if (!policyOr)
     return llvm::createStringError("invalid policy: " +
                                    llvm::toString(policyOr.takeError()));
   parsed.policy = *policyOr;
-  llvm::Expected<Target> targetOr = parseTarget(target);
-  if (!targetOr)
-    return invalid("target", targetOr.takeError());
-  parsed.target = *targetOr;
-  llvm::Expected<Level> levelOr = parseLevel(level, parsed.target);
-  if (!levelOr)
-    return invalid("level", levelOr.takeError());
-  parsed.level = *levelOr;
-  llvm::Expected<DotResult> dotResultOr =
-      parseDotResult(dotResult, parsed.target, parsed.policy.compute);
-  if (!dotResultOr)
-    return invalid("dot-result", dotResultOr.takeError());
-  parsed.dotResult = *dotResultOr;
-  llvm::Expected<Storage> storageOr = parseStorage(storage, parsed.target);
-  if (!storageOr)
-    return invalid("storage", storageOr.takeError());
-  parsed.storage = *storageOr;
+  if (llvm::Error error =
+          readOption("target", parseTarget(target), parsed.target))
+    return error;
+  if (llvm::Error error =
+          readOption("level", parseLevel(level, parsed.target), parsed.level))
+    return error;
+  if (llvm::Error error = readOption(
+          "dot-result",
+          parseDotResult(dotResult, parsed.target, parsed.policy.compute),
+          parsed.dotResult))
+    return error;
+  if (llvm::Error error = readOption(
+          "storage", parseStorage(storage, parsed.target), parsed.storage))
+    return error;
   if (llvm::Error error = parseOpNames("keep-f32", keepF32, parsed.keepF32))
     return error;
   if (llvm::Error error =
@@ -452,15 +446,13 @@ llvm::Error InsertConvertsPass::parseOptions() {
                                      "' is named in both keep-f32 and "
                                      "force-compute");
   parsed.strict = strict;
-  llvm::Expected<ReduceDtype> reduceOr =
-      parseReduceDtype(reduceDtype, parsed.policy.compute);
-  if (!reduceOr)
-    return invalid("reduce-dtype", reduceOr.takeError());
-  parsed.reduceDtype = *reduceOr;
-  llvm::Expected<Decisions> decisionsOr = parseDecisions(decisions);
-  if (!decisionsOr)
-    return invalid("decisions", decisionsOr.takeError());
-  parsed.decisions = *decisionsOr;
+  if (llvm::Error error = readOption(
+          "reduce-dtype", parseReduceDtype(reduceDtype, parsed.policy.compute),
+          parsed.reduceDtype))
+    return error;
+  if (llvm::Error error =
+          readOption("decisions", parseDecisions(decisions), parsed.decisions))
+    return error;
   if (storageMinElements < 1)
     return llvm::createStringError(
         "invalid option 'storage-min-elements': must be at least 1, got " +
@@ -477,9 +469,7 @@ llvm::Error InsertConvertsPass::parseOptions() {
 }
 
 LogicalResult InsertConvertsPass::initialize(MLIRContext *context) {
-  // Reported from runOnOperation, where a location exists.
-  if (llvm::Error error = parseOptions())
-    optionError = llvm::toString(std::move(error));
+  options.keep(parseOptions());
   return success();
 }
 
@@ -525,10 +515,8 @@ void InsertConvertsPass::annotateDecisions(const PrecisionAnalysis &analysis) {
 
 void InsertConvertsPass::runOnOperation() {
   ModuleOp module = getOperation();
-  if (!optionError.empty()) {
-    module.emitError() << optionError;
+  if (failed(options.report(module)))
     return signalPassFailure();
-  }
   if (parsed.level == Level::O0)
     return;
   // Rules follow calls: each call site is decided in its own context.

@@ -10,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Contract.h"
+#include "PassSupport.h"
 #include "Passes.h"
 #include "StableHLO.h"
 #include "TrainingStep.h"
@@ -56,7 +57,7 @@ public:
 private:
   LossScaleConfig config;
   llvm::SmallVector<std::pair<unsigned, unsigned>> statePairs;
-  std::string optionError;
+  OptionCheck options;
 
   llvm::Error parseOptions();
   FailureOr<TrainingStep> findTrainingStep(ModuleOp module);
@@ -81,11 +82,9 @@ private:
 //===----------------------------------------------------------------------===//
 
 llvm::Error LossScalePass::parseOptions() {
-  llvm::Expected<LossScaleMode> modeOr = parseLossScaleMode(mode);
-  if (!modeOr)
-    return llvm::createStringError("invalid option 'mode': " +
-                                   llvm::toString(modeOr.takeError()));
-  config.mode = *modeOr;
+  if (llvm::Error error =
+          readOption("mode", parseLossScaleMode(mode), config.mode))
+    return error;
   config.growthInterval = growthInterval;
   config.growthFactor = growthFactor;
   config.backoffFactor = backoffFactor;
@@ -93,17 +92,11 @@ llvm::Error LossScalePass::parseOptions() {
   config.maxScale = maxScale;
   if (llvm::Error error = validateLossScale(config))
     return error;
-  auto pairs = parseStateResults(stateResults);
-  if (!pairs)
-    return pairs.takeError();
-  statePairs = std::move(*pairs);
-  return llvm::Error::success();
+  return parseStateResults(stateResults).moveInto(statePairs);
 }
 
 LogicalResult LossScalePass::initialize(MLIRContext *context) {
-  // Reported from runOnOperation, where a location exists.
-  if (llvm::Error error = parseOptions())
-    optionError = llvm::toString(std::move(error));
+  options.keep(parseOptions());
   return success();
 }
 
@@ -112,11 +105,11 @@ LogicalResult LossScalePass::initialize(MLIRContext *context) {
 //===----------------------------------------------------------------------===//
 
 FailureOr<TrainingStep> LossScalePass::findTrainingStep(ModuleOp module) {
-  auto main = module.lookupSymbol<func::FuncOp>("main");
-  if (!main || main.isExternal() || !main.isPublic()) {
-    module.emitError() << "amp-loss-scale needs a public function 'main'";
+  FailureOr<func::FuncOp> entry = requireEntryFunction(
+      module, "amp-loss-scale needs a public function 'main'");
+  if (failed(entry))
     return failure();
-  }
+  func::FuncOp main = *entry;
   TrainingStep step;
   step.main = main;
   step.seedIndex = seedArg;
@@ -438,10 +431,8 @@ LogicalResult LossScalePass::appendResults(TrainingStep &step,
 
 void LossScalePass::runOnOperation() {
   ModuleOp module = getOperation();
-  if (!optionError.empty()) {
-    module.emitError() << optionError;
+  if (failed(options.report(module)))
     return signalPassFailure();
-  }
   FailureOr<TrainingStep> step = findTrainingStep(module);
   if (failed(step) || failed(validate(*step)))
     return signalPassFailure();

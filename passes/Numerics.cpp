@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "PassSupport.h"
 #include "Passes.h"
 #include "Provenance.h"
 #include "StableHLO.h"
@@ -67,75 +68,82 @@ Value enteringLoop(Value value) {
   return loop->getOperand(argument.getArgNumber());
 }
 
+/// The value `value` is, unchanged, one step back: through an op that
+/// moves values without changing them (reshape, transpose, an
+/// optimization barrier, an exact widening), a slice of it, what a loop
+/// carries unchanged, or an MXFP8 dequantization (codes widened and
+/// multiplied by their scale). Null when there is none.
+Value unchangedFrom(Value value) {
+  if (isa<BlockArgument>(value))
+    return enteringLoop(value);
+  Operation *op = value.getDefiningOp();
+  if (shlo::is(op, "reshape") || shlo::is(op, "transpose") ||
+      shlo::is(op, "slice") || shlo::is(op, "dynamic_slice"))
+    // A slice reads part of what was rounded (a layer of stacked weights
+    // in a scan): the whole is measured.
+    return op->getOperand(0);
+  if (shlo::isOptimizationBarrier(op))
+    return op->getOperand(cast<OpResult>(value).getResultNumber());
+  if (shlo::is(op, "multiply")) {
+    // An MXFP8 dequantization: FP8 codes, widened, times their scale. Any
+    // other product is a value of its own, computed in its format.
+    Operation *codes = op->getOperand(0).getDefiningOp();
+    FloatType coded =
+        codes && shlo::isConvert(codes)
+            ? shlo::getFloatElementType(codes->getOperand(0).getType())
+            : FloatType();
+    return coded && coded.getWidth() == 8 ? op->getOperand(0) : Value();
+  }
+  if (shlo::isConvert(op) &&
+      shlo::isExactWidening(op->getOperand(0).getType(), value.getType()))
+    return op->getOperand(0);
+  return {};
+}
+
+/// Whether `op` rounds a float to a narrower float.
+bool isRounding(Operation *op) {
+  if (!op || !shlo::isConvert(op))
+    return false;
+  FloatType from = shlo::getFloatElementType(op->getOperand(0).getType());
+  FloatType to = shlo::getFloatElementType(op->getResult(0).getType());
+  return from && to && !shlo::isExactWidening(from, to);
+}
+
+/// What `convert`, a rounding, rounds: its input (where it enters a loop
+/// that carries it unchanged, measured once there), and for an FP8
+/// quantization the clamp's input and the value before its scale.
+Rounding roundingBy(Operation *convert) {
+  // A loop that rounds what it carries unchanged (a scan's stacked
+  // weights, whole, on every iteration) rounds the same values each time:
+  // they are measured once, where they enter the loop.
+  Value input = convert->getOperand(0);
+  while (Value entering = enteringLoop(input))
+    input = entering;
+  Rounding rounding{input, input,
+                    shlo::getFloatElementType(convert->getResult(0).getType())};
+  if (Operation *clamp = rounding.input.getDefiningOp();
+      clamp && shlo::is(clamp, "clamp")) {
+    rounding.input = clamp->getOperand(1);
+    rounding.magnitude = rounding.input;
+    rounding.clamped = true;
+    // An FP8 quantization: the scaled value is the operand divided by its
+    // scale.
+    if (Operation *divide = rounding.input.getDefiningOp();
+        divide && shlo::is(divide, "divide"))
+      rounding.magnitude = divide->getOperand(0);
+  }
+  return rounding;
+}
+
 /// The rounding of a GEMM operand: its defining convert from a wider float
-/// type, through ops that move values without changing them (reshape,
-/// transpose, an optimization barrier), slices of what was rounded, what a
-/// loop carries unchanged and an MXFP8 dequantization (codes widened and
-/// multiplied by their scale). None when the operand was computed in its
-/// own format.
+/// type, through what unchangedFrom sees through. None when the operand
+/// was computed in its own format.
 std::optional<Rounding> roundingOf(Value operand) {
   Value value = operand;
-  for (int step = 0; step < 16; ++step) {
-    if (isa<BlockArgument>(value)) {
-      value = enteringLoop(value);
-      if (!value)
-        return std::nullopt;
-      continue;
-    }
-    Operation *op = value.getDefiningOp();
-    if (shlo::is(op, "reshape") || shlo::is(op, "transpose") ||
-        shlo::is(op, "slice") || shlo::is(op, "dynamic_slice")) {
-      // A slice reads part of what was rounded (a layer of stacked
-      // weights in a scan): the whole is measured.
-      value = op->getOperand(0);
-      continue;
-    }
-    if (shlo::isOptimizationBarrier(op)) {
-      value = op->getOperand(cast<OpResult>(value).getResultNumber());
-      continue;
-    }
-    if (shlo::is(op, "multiply")) {
-      // An MXFP8 dequantization: FP8 codes, widened, times their scale.
-      // Any other product is a value of its own, computed in its format.
-      Operation *codes = op->getOperand(0).getDefiningOp();
-      FloatType coded =
-          codes && shlo::isConvert(codes)
-              ? shlo::getFloatElementType(codes->getOperand(0).getType())
-              : FloatType();
-      if (!coded || coded.getWidth() != 8)
-        return std::nullopt;
-      value = op->getOperand(0);
-      continue;
-    }
-    if (!shlo::isConvert(op))
-      return std::nullopt;
-    FloatType from = shlo::getFloatElementType(op->getOperand(0).getType());
-    FloatType to = shlo::getFloatElementType(value.getType());
-    if (!from || !to)
-      return std::nullopt;
-    if (shlo::isExactWidening(from, to)) {
-      value = op->getOperand(0);
-      continue;
-    }
-    // A loop that rounds what it carries unchanged (a scan's stacked
-    // weights, whole, on every iteration) rounds the same values each
-    // time: they are measured once, where they enter the loop.
-    Value input = op->getOperand(0);
-    while (Value entering = enteringLoop(input))
-      input = entering;
-    Rounding rounding{input, input, to};
-    if (Operation *clamp = rounding.input.getDefiningOp();
-        clamp && shlo::is(clamp, "clamp")) {
-      rounding.input = clamp->getOperand(1);
-      rounding.magnitude = rounding.input;
-      rounding.clamped = true;
-      // An FP8 quantization: the scaled value is the operand divided by
-      // its scale.
-      if (Operation *divide = rounding.input.getDefiningOp();
-          divide && shlo::is(divide, "divide"))
-        rounding.magnitude = divide->getOperand(0);
-    }
-    return rounding;
+  for (int step = 0; step < 16 && value; ++step) {
+    if (!isa<BlockArgument>(value) && isRounding(value.getDefiningOp()))
+      return roundingBy(value.getDefiningOp());
+    value = unchangedFrom(value);
   }
   return std::nullopt;
 }
@@ -151,9 +159,16 @@ class NumericsPass final
 public:
   using AmpNumericsPassBase::AmpNumericsPassBase;
 
+  LogicalResult initialize(MLIRContext *context) override {
+    options.keep(readOption("collect", parseNumerics(collect), collected));
+    return success();
+  }
   void runOnOperation() override;
 
 private:
+  Numerics collected = Numerics::None;
+  OptionCheck options;
+
   LogicalResult collectStats(func::FuncOp main);
   LogicalResult collectProvenance(func::FuncOp main);
 
@@ -332,6 +347,50 @@ void NumericsPass::measureBlock(Block &block,
 /// A loop's GEMMs, measured in its body and accumulated over its
 /// iterations: the larger amax, the counts summed, carried by the loop
 /// from zeros.
+/// Whether `value` is a constant (a count of zero, which stays zero).
+bool isConstantValue(Value value) {
+  return value.getDefiningOp() && shlo::isConstant(value.getDefiningOp());
+}
+
+/// Each distinct value of the statistics measured inside a loop once (both
+/// operands of a GEMM may be one rounding; an unrounded operand's zero
+/// counts are one constant), with how it accumulates over the iterations.
+llvm::MapVector<Value, llvm::StringRef>
+perIterationValues(llvm::ArrayRef<OperandStats> inner,
+                   llvm::ArrayRef<bool> inLoop) {
+  llvm::MapVector<Value, llvm::StringRef> perIteration;
+  for (auto [stats, inside] : llvm::zip_equal(inner, inLoop)) {
+    if (!inside)
+      continue;
+    perIteration.insert({stats.amax, "maximum"});
+    for (Value count : stats.counts)
+      if (!isConstantValue(count))
+        perIteration.insert({count, "add"});
+  }
+  return perIteration;
+}
+
+/// `loop` made to carry each of `perIteration`'s values accumulated from
+/// zero; the loop that replaces it, whose last results are the totals.
+Operation *
+accumulateInLoop(OpBuilder &builder, Operation *loop,
+                 const llvm::MapVector<Value, llvm::StringRef> &perIteration) {
+  Location loc = loop->getLoc();
+  llvm::SmallVector<Value> inits;
+  for (auto &entry : perIteration)
+    inits.push_back(shlo::buildScalar(
+        builder, loc,
+        cast<RankedTensorType>(entry.first.getType()).getElementType(), 0));
+  return shlo::extendWhile(
+      builder, loop, inits, [&](OpBuilder &body, ValueRange carried) {
+        llvm::SmallVector<Value> next;
+        for (auto [i, entry] : llvm::enumerate(perIteration))
+          next.push_back(shlo::buildElementwise(
+              body, loc, entry.second, {carried[i], entry.first}));
+        return next;
+      });
+}
+
 void NumericsPass::measureLoop(Operation *loop,
                                llvm::SmallVectorImpl<OperandStats> &out) {
   llvm::SmallVector<OperandStats> inner;
@@ -347,43 +406,18 @@ void NumericsPass::measureLoop(Operation *loop,
   for (OperandStats &stats : inner)
     inLoop.push_back(
         loop->isAncestor(stats.amax.getParentRegion()->getParentOp()));
-  // Each distinct value once (both operands of a GEMM may be one rounding;
-  // an unrounded operand's zero counts are one constant), with how it
-  // accumulates.
-  llvm::MapVector<Value, llvm::StringRef> perIteration;
-  auto constant = [](Value value) {
-    return value.getDefiningOp() && shlo::isConstant(value.getDefiningOp());
-  };
-  for (auto [stats, inside] : llvm::zip_equal(inner, inLoop)) {
-    if (!inside)
-      continue;
-    perIteration.insert({stats.amax, "maximum"});
-    for (Value count : stats.counts)
-      if (!constant(count)) // a count of zero stays zero
-        perIteration.insert({count, "add"});
-  }
+  llvm::MapVector<Value, llvm::StringRef> perIteration =
+      perIterationValues(inner, inLoop);
   if (perIteration.empty()) {
     out.append(inner.begin(), inner.end());
     return;
   }
-  llvm::SmallVector<Value> inits;
-  for (auto &entry : perIteration)
-    inits.push_back(shlo::buildScalar(
-        builder, loc,
-        cast<RankedTensorType>(entry.first.getType()).getElementType(), 0));
-  Operation *grown = shlo::extendWhile(
-      builder, loop, inits, [&](OpBuilder &body, ValueRange carried) {
-        llvm::SmallVector<Value> next;
-        for (auto [i, entry] : llvm::enumerate(perIteration))
-          next.push_back(shlo::buildElementwise(
-              body, loc, entry.second, {carried[i], entry.first}));
-        return next;
-      });
+  Operation *grown = accumulateInLoop(builder, loop, perIteration);
   auto results = grown->getResults().take_back(perIteration.size());
   builder.setInsertionPointAfter(grown);
   Value zero = shlo::buildScalar(builder, loc, builder.getI32Type(), 0);
   auto total = [&](Value value) -> Value {
-    if (constant(value))
+    if (isConstantValue(value))
       return zero;
     return results[perIteration.find(value) - perIteration.begin()];
   };
@@ -401,20 +435,16 @@ void NumericsPass::measureLoop(Operation *loop,
 
 void NumericsPass::runOnOperation() {
   ModuleOp module = getOperation();
-  llvm::Expected<Numerics> parsed = parseNumerics(collect);
-  if (!parsed) {
-    module.emitError() << "invalid option 'collect': "
-                       << llvm::toString(parsed.takeError());
+  if (failed(options.report(module)))
     return signalPassFailure();
-  }
-  if (*parsed == Numerics::None)
+  if (collected == Numerics::None)
     return;
-  auto main = module.lookupSymbol<func::FuncOp>("main");
-  if (!main || main.isExternal()) {
-    module.emitError() << "amp-numerics: no function 'main' to return its "
-                          "measurements from";
+  FailureOr<func::FuncOp> entry = requireEntryFunction(
+      module, "amp-numerics: no function 'main' to return its measurements "
+              "from");
+  if (failed(entry))
     return signalPassFailure();
-  }
+  func::FuncOp main = *entry;
   for (unsigned i = 0; i < main.getNumResults(); ++i)
     for (llvm::StringRef measured : {attr::kGemmAmax, attr::kNonFinite})
       if (main.getResultAttr(i, measured)) {
@@ -422,8 +452,8 @@ void NumericsPass::runOnOperation() {
                             "measures (" << measured << ")";
         return signalPassFailure();
       }
-  if (failed(*parsed == Numerics::Stats ? collectStats(main)
-                                        : collectProvenance(main)))
+  if (failed(collected == Numerics::Stats ? collectStats(main)
+                                           : collectProvenance(main)))
     return signalPassFailure();
 }
 
@@ -433,8 +463,7 @@ LogicalResult NumericsPass::collectProvenance(func::FuncOp main) {
   Value bits = buildProvenanceBits(builder, main, regions);
   main->setAttr(attr::kNonFiniteRegions,
                 provenanceRegionsAttr(&getContext(), regions));
-  if (failed(appendStateResult(main, bits, attr::kNonFinite,
-                               UnitAttr::get(&getContext()), 0)))
+  if (failed(appendMeasurement(main, bits, attr::kNonFinite)))
     return main.emitError() << "amp-numerics: cannot append the "
                                "provenance bits";
   return success();
@@ -473,10 +502,8 @@ LogicalResult NumericsPass::collectStats(func::FuncOp main) {
   };
   Value amaxResult = gathered(amaxes, f32, {gemms, 2});
   Value countsResult = gathered(counts, i32, {gemms, 2, perOperand});
-  Attribute unit = UnitAttr::get(context);
-  if (failed(appendStateResult(main, amaxResult, attr::kGemmAmax, unit, 0)) ||
-      failed(appendStateResult(main, countsResult, attr::kGemmCounts, unit,
-                               0)))
+  if (failed(appendMeasurement(main, amaxResult, attr::kGemmAmax)) ||
+      failed(appendMeasurement(main, countsResult, attr::kGemmCounts)))
     return main.emitError() << "amp-numerics: cannot append the statistics";
   return success();
 }

@@ -193,83 +193,73 @@ std::string Policy::str() const {
   return text;
 }
 
-llvm::Expected<Policy> mlir::amp::parsePolicy(llvm::StringRef text) {
-  std::optional<Dtype> param, compute, output;
-  std::optional<GemmDtype> gemm;
-  if (text.trim().empty())
-    return optionError("empty policy (expected " + policyGrammarHelp() + ")");
-  llvm::SmallVector<llvm::StringRef> items;
-  text.split(items, ',');
-  for (llvm::StringRef item : items) {
-    item = item.trim();
-    auto [key, value] = item.split('=');
-    key = key.trim();
-    value = value.trim();
-    if (value.contains('=')) {
-      // Two entries run together ("p=bf16 c=bf16", "p=bf16;c=bf16").
-      llvm::SmallVector<llvm::StringRef> parts;
-      llvm::SplitString(item, parts, " \t;:");
-      return optionError("policy entries are separated by commas: '" + item +
-                         "' holds more than one KEY=DTYPE (write " +
-                         llvm::join(parts, ",") + ")");
-    }
-    if (!item.contains('=') || key.empty() || value.empty())
-      return optionError("malformed policy entry '" + item +
-                         "' (expected KEY=DTYPE with KEY one of p, c, o, "
-                         "gemm)");
-    const PolicyKey *match = nullptr;
-    for (const PolicyKey &candidate : keys())
-      if (llvm::is_contained(candidate.spellings, key.lower()))
-        match = &candidate;
-    if (!match)
-      return optionError("unknown policy key '" + key +
-                         "' (accepted: p|param|params, c|compute, o|output, "
-                         "gemm)");
-    if (match->role == "gemm") {
-      if (gemm)
-        return optionError("policy key '" + key + "' given twice");
-      gemm = lookup(kGemmSpellings, value);
-      if (!gemm)
-        return optionError("unknown GEMM operand dtype '" + value +
-                           "' for key 'gemm' (accepted: " +
-                           acceptedNames(kGemmSpellings) + ")");
-      continue;
-    }
-    std::optional<Dtype> *slot = match->role == "param"     ? &param
-                                 : match->role == "compute" ? &compute
-                                                            : &output;
-    if (slot->has_value())
-      return optionError("policy key '" + key + "' given twice");
-    std::optional<Dtype> dtype = lookup(kDtypeSpellings, value);
-    if (!dtype) {
-      // The FP8 formats are not accepted here (see below): not listed.
-      llvm::SmallVector<llvm::StringRef> names;
-      for (const Spelling<Dtype> &spelling : kDtypeSpellings)
-        if (!isFp8(spelling.value))
-          names.push_back(spelling.name);
-      std::string lowered = llvm::StringRef(value).lower();
-      bool fp8 = llvm::StringRef(lowered).starts_with("f8") ||
-                 llvm::StringRef(lowered).starts_with("float8");
-      return optionError(
-          "unknown dtype '" + value + "' for key '" + key + "' (accepted: " +
-          llvm::join(names, ", ") + ")" +
-          (fp8 ? "; FP8 is a GEMM operand format, not a " + match->role +
-                     " dtype: keep " + match->role +
-                     " in bf16/f16/f32 and add gemm=f8 (for example "
-                     "p=f32,c=bf16,o=f32,gemm=f8)"
-               : std::string()));
-    }
-    if (isFp8(*dtype))
-      // FP8 has no arithmetic worth doing elementwise, and unscaled FP8
-      // overflows to NaN: it is only an operand format for scaled GEMMs.
-      return optionError("FP8 dtype '" + value + "' cannot be the " +
-                         match->role +
-                         " dtype: FP8 is a GEMM operand format; keep " +
-                         match->role +
-                         " in bf16/f16/f32 and add gemm=f8 (for example "
-                         "p=f32,c=bf16,o=f32,gemm=f8)");
-    *slot = *dtype;
+namespace {
+/// The key of `item`, a policy entry `KEY=DTYPE` split into `key` and
+/// `value`, or why the entry is malformed.
+llvm::Expected<const PolicyKey *> entryKey(llvm::StringRef item,
+                                           llvm::StringRef key,
+                                           llvm::StringRef value) {
+  if (value.contains('=')) {
+    // Two entries run together ("p=bf16 c=bf16", "p=bf16;c=bf16").
+    llvm::SmallVector<llvm::StringRef> parts;
+    llvm::SplitString(item, parts, " \t;:");
+    return optionError("policy entries are separated by commas: '" + item +
+                       "' holds more than one KEY=DTYPE (write " +
+                       llvm::join(parts, ",") + ")");
   }
+  if (!item.contains('=') || key.empty() || value.empty())
+    return optionError("malformed policy entry '" + item +
+                       "' (expected KEY=DTYPE with KEY one of p, c, o, "
+                       "gemm)");
+  const PolicyKey *match = nullptr;
+  for (const PolicyKey &candidate : keys())
+    if (llvm::is_contained(candidate.spellings, key.lower()))
+      match = &candidate;
+  if (!match)
+    return optionError("unknown policy key '" + key +
+                       "' (accepted: p|param|params, c|compute, o|output, "
+                       "gemm)");
+  return match;
+}
+
+/// The dtype `value` names for `key`, whose role is `role` (param,
+/// compute or output).
+llvm::Expected<Dtype> roleDtype(llvm::StringRef key, llvm::StringRef value,
+                                llvm::StringRef role) {
+  std::optional<Dtype> dtype = lookup(kDtypeSpellings, value);
+  if (!dtype) {
+    // The FP8 formats are not accepted here (see below): not listed.
+    llvm::SmallVector<llvm::StringRef> names;
+    for (const Spelling<Dtype> &spelling : kDtypeSpellings)
+      if (!isFp8(spelling.value))
+        names.push_back(spelling.name);
+    std::string lowered = value.lower();
+    bool fp8 = llvm::StringRef(lowered).starts_with("f8") ||
+               llvm::StringRef(lowered).starts_with("float8");
+    return optionError(
+        "unknown dtype '" + value + "' for key '" + key + "' (accepted: " +
+        llvm::join(names, ", ") + ")" +
+        (fp8 ? "; FP8 is a GEMM operand format, not a " + role.str() +
+                   " dtype: keep " + role.str() +
+                   " in bf16/f16/f32 and add gemm=f8 (for example "
+                   "p=f32,c=bf16,o=f32,gemm=f8)"
+             : std::string()));
+  }
+  if (isFp8(*dtype))
+    // FP8 has no arithmetic worth doing elementwise, and unscaled FP8
+    // overflows to NaN: it is only an operand format for scaled GEMMs.
+    return optionError("FP8 dtype '" + value + "' cannot be the " + role +
+                       " dtype: FP8 is a GEMM operand format; keep " + role +
+                       " in bf16/f16/f32 and add gemm=f8 (for example "
+                       "p=f32,c=bf16,o=f32,gemm=f8)");
+  return *dtype;
+}
+
+/// `policy` with the cascading defaults, or why its gemm= cannot apply.
+llvm::Expected<Policy> completed(std::optional<Dtype> param,
+                                 std::optional<Dtype> compute,
+                                 std::optional<Dtype> output,
+                                 std::optional<GemmDtype> gemm) {
   Policy policy;
   policy.param = param.value_or(Dtype::F32);
   policy.compute = compute.value_or(policy.param);
@@ -288,6 +278,45 @@ llvm::Expected<Policy> mlir::amp::parsePolicy(llvm::StringRef text) {
                        " no matrix multiply is lowered, so none becomes "
                        "an FP8 GEMM");
   return policy;
+}
+} // namespace
+
+llvm::Expected<Policy> mlir::amp::parsePolicy(llvm::StringRef text) {
+  std::optional<Dtype> param, compute, output;
+  std::optional<GemmDtype> gemm;
+  if (text.trim().empty())
+    return optionError("empty policy (expected " + policyGrammarHelp() + ")");
+  llvm::SmallVector<llvm::StringRef> items;
+  text.split(items, ',');
+  for (llvm::StringRef item : items) {
+    item = item.trim();
+    auto [key, value] = item.split('=');
+    key = key.trim();
+    value = value.trim();
+    llvm::Expected<const PolicyKey *> match = entryKey(item, key, value);
+    if (!match)
+      return match.takeError();
+    if ((*match)->role == "gemm") {
+      if (gemm)
+        return optionError("policy key '" + key + "' given twice");
+      gemm = lookup(kGemmSpellings, value);
+      if (!gemm)
+        return optionError("unknown GEMM operand dtype '" + value +
+                           "' for key 'gemm' (accepted: " +
+                           acceptedNames(kGemmSpellings) + ")");
+      continue;
+    }
+    std::optional<Dtype> *slot = (*match)->role == "param"     ? &param
+                                 : (*match)->role == "compute" ? &compute
+                                                               : &output;
+    if (slot->has_value())
+      return optionError("policy key '" + key + "' given twice");
+    llvm::Expected<Dtype> dtype = roleDtype(key, value, (*match)->role);
+    if (!dtype)
+      return dtype.takeError();
+    *slot = *dtype;
+  }
+  return completed(param, compute, output, gemm);
 }
 
 std::string mlir::amp::policyGrammarHelp() {

@@ -726,77 +726,91 @@ std::pair<Value, Value> packBits(OpBuilder &builder, Location loc,
   }
   return {nanBits, infBits};
 }
+/// An input's readers that wait for the inputs' checks, and the largest
+/// element its check found.
+using HeldInput = std::pair<llvm::SmallVector<OpOperand *>, Value>;
+
+/// Makes the readers in `inputs` wait for every input's check (one flag
+/// for all: the inputs are all there at the start), and clears it.
+void holdInputs(OpBuilder &builder, func::FuncOp main,
+                llvm::SmallVectorImpl<HeldInput> &inputs) {
+  if (llvm::all_of(inputs, [](auto &input) { return input.first.empty(); })) {
+    inputs.clear();
+    return;
+  }
+  Operation *last = inputs.front().second.getDefiningOp();
+  for (auto &input : inputs)
+    if (last->isBeforeInBlock(input.second.getDefiningOp()))
+      last = input.second.getDefiningOp();
+  builder.setInsertionPointAfter(last);
+  Value never = anyBelowZero(
+      builder, main.getLoc(),
+      llvm::map_to_vector(inputs, [](auto &input) { return input.second; }));
+  for (auto &[uses, largest] : inputs)
+    readAfterCheck(builder, main.getLoc(), uses, never);
+  inputs.clear();
+}
+
+/// Checks `value`, which region `index` hands on (`loc`: its first op's),
+/// and makes the readers that must wait for the check wait; an input's
+/// readers are added to `inputs`, to wait for every input's check.
+Check checkHandedOn(OpBuilder &builder, func::FuncOp main, Value value,
+                    int64_t index, Location loc,
+                    llvm::SmallVectorImpl<HeldInput> &inputs) {
+  Block &body = main.front();
+  // Next to the value, so XLA can fuse the check into the kernel that
+  // writes it, and the value need not live longer for it. (Checking the
+  // values of one shape together, in one kernel, kept them alive longer:
+  // +28% memory and slower steps on XLA:CPU.)
+  if (Operation *producer = value.getDefiningOp())
+    builder.setInsertionPointAfter(producer);
+  else
+    builder.setInsertionPointToStart(&body);
+  llvm::SmallVector<OpOperand *> uses;
+  bool input = isa<BlockArgument>(value);
+  // (A reader inside a loop or a conditional counts as that op.)
+  for (OpOperand &use : value.getUses())
+    if (!input || writesOutput(body.findAncestorOpInBlock(*use.getOwner())))
+      uses.push_back(&use);
+  // Of a large value that is neither, the first elementwise reader waits
+  // for the check, or XLA may check last and keep the value alive until
+  // then (sharded over 8 H100s, the attention scores of every layer). One
+  // reader places the check, and an elementwise one takes the wait into
+  // its own kernel.
+  bool fromInput = !input && readsInputWhenFused(value);
+  OpOperand *held =
+      input || fromInput ? nullptr : firstHeldReader(body, value, uses);
+  Check check = checkNonFinite(builder, loc, value, index, held != nullptr);
+  if (input)
+    inputs.push_back({uses, check.largest});
+  else if (fromInput)
+    readAfterCheck(builder, loc, uses,
+                   anyBelowZero(builder, loc, check.largest));
+  else if (held)
+    readAfter(builder, loc, *held, check);
+  return check;
+}
+
 } // namespace
 
 Value mlir::amp::buildProvenanceBits(OpBuilder &builder, func::FuncOp main,
                                      llvm::ArrayRef<ProvenanceRegion> regions) {
-  Block &body = main.front();
   llvm::SmallVector<Check> checks;
-  // The inputs' readers wait for every input's check (one flag for all:
-  // the inputs are all there at the start).
-  llvm::SmallVector<std::pair<llvm::SmallVector<OpOperand *>, Value>> inputs;
-  auto holdInputs = [&] {
-    if (llvm::all_of(inputs, [](auto &input) { return input.first.empty(); })) {
-      inputs.clear();
-      return;
-    }
-    Operation *last = inputs.front().second.getDefiningOp();
-    for (auto &input : inputs)
-      if (last->isBeforeInBlock(input.second.getDefiningOp()))
-        last = input.second.getDefiningOp();
-    builder.setInsertionPointAfter(last);
-    Value never = anyBelowZero(
-        builder, main.getLoc(),
-        llvm::map_to_vector(inputs, [](auto &input) { return input.second; }));
-    for (auto &[uses, largest] : inputs)
-      readAfterCheck(builder, main.getLoc(), uses, never);
-    inputs.clear();
-  };
+  llvm::SmallVector<HeldInput> inputs;
   bool held = false;
   for (auto [index, region] : llvm::enumerate(regions)) {
     if (region.first && !held) { // the first region of ops
-      holdInputs();
+      holdInputs(builder, main, inputs);
       held = true;
     }
-    for (Value value : region.handedOn) {
-      // Next to the value, so XLA can fuse the check into the kernel that
-      // writes it, and the value need not live longer for it. (Checking the
-      // values of one shape together, in one kernel, kept them alive
-      // longer: +28% memory and slower steps on XLA:CPU.)
-      if (Operation *producer = value.getDefiningOp())
-        builder.setInsertionPointAfter(producer);
-      else
-        builder.setInsertionPointToStart(&body);
-      Location loc = region.first ? region.first->getLoc() : main.getLoc();
-      llvm::SmallVector<OpOperand *> uses;
-      bool input = isa<BlockArgument>(value);
-      // (A reader inside a loop or a conditional counts as that op.)
-      for (OpOperand &use : value.getUses())
-        if (!input ||
-            writesOutput(body.findAncestorOpInBlock(*use.getOwner())))
-          uses.push_back(&use);
-      // Of a large value that is neither, the first elementwise reader
-      // waits for the check, or XLA may check last and keep the value
-      // alive until then (sharded over 8 H100s, the attention scores of
-      // every layer). One reader places the check, and an elementwise one
-      // takes the wait into its own kernel.
-      bool fromInput = !input && readsInputWhenFused(value);
-      OpOperand *held =
-          input || fromInput ? nullptr : firstHeldReader(body, value, uses);
+    Location loc = region.first ? region.first->getLoc() : main.getLoc();
+    for (Value value : region.handedOn)
       checks.push_back(
-          checkNonFinite(builder, loc, value, index, held != nullptr));
-      Value largest = checks.back().largest;
-      if (input)
-        inputs.push_back({uses, largest});
-      else if (fromInput)
-        readAfterCheck(builder, loc, uses, anyBelowZero(builder, loc, largest));
-      else if (held)
-        readAfter(builder, loc, *held, checks.back());
-    }
+          checkHandedOn(builder, main, value, index, loc, inputs));
   }
-  holdInputs();
+  holdInputs(builder, main, inputs);
   Location loc = main.getLoc();
-  builder.setInsertionPoint(body.getTerminator());
+  builder.setInsertionPoint(main.front().getTerminator());
   int64_t words = (regions.size() + 31) / 32;
   auto [nanBits, infBits] = packBits(builder, loc, checks, words);
   return shlo::buildConcatenate(

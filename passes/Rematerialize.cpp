@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Backward.h"
+#include "PassSupport.h"
 #include "Passes.h"
 #include "StableHLO.h"
 
@@ -66,6 +67,14 @@ private:
   std::vector<Recomputation> planned;
 
   void planBlock(Block &block);
+  /// The residuals of `block`, each with its first backward reader, in
+  /// program order.
+  llvm::SmallVector<std::pair<Value, Operation *>>
+  residualsOf(Block &block) const;
+  /// Whether `cone` (of a residual of `size` elements in `block`) reads
+  /// only what the backward pass keeps anyway (`kept`).
+  bool readsKept(const Cone &cone, int64_t size, Block &block,
+                 const llvm::DenseSet<Value> &kept) const;
   Cone coneOf(Value value) const;
   bool isSmall(Value value, int64_t than) const;
 };
@@ -134,8 +143,8 @@ Cone ResidualPlan::coneOf(Value value) const {
   return cone;
 }
 
-void ResidualPlan::planBlock(Block &block) {
-  // Residuals of this block, each with its first backward reader.
+llvm::SmallVector<std::pair<Value, Operation *>>
+ResidualPlan::residualsOf(Block &block) const {
   llvm::MapVector<Value, Operation *> residuals;
   for (Operation &op : block) {
     if (!readsBackward(&op, backward))
@@ -157,33 +166,38 @@ void ResidualPlan::planBlock(Block &block) {
   llvm::sort(inOrder, [](const auto &a, const auto &b) {
     return a.first.getDefiningOp()->isBeforeInBlock(b.first.getDefiningOp());
   });
+  return inOrder;
+}
+
+bool ResidualPlan::readsKept(const Cone &cone, int64_t size, Block &block,
+                             const llvm::DenseSet<Value> &kept) const {
+  // A residual made from arguments alone (a parameter's compute-dtype
+  // copy) is kept: recomputing it puts a barrier on the argument, which
+  // costs XLA temporaries and saves nothing (docs/DESIGN.md,
+  // Rematerialization).
+  if (llvm::all_of(cone.roots,
+                   [](Value root) { return isa<BlockArgument>(root); }))
+    return false;
+  return cone.complete && llvm::all_of(cone.roots, [&](Value root) {
+           Operation *producer = root.getDefiningOp();
+           return !producer || producer->getBlock() != &block ||
+                  kept.contains(root) || isSmall(root, size);
+         });
+}
+
+void ResidualPlan::planBlock(Block &block) {
   // In program order, so that what a residual is made of has been decided.
   // `kept` holds what the backward pass keeps for the residuals it reads
   // as they are: a residual another kind of op makes, or the roots of one
   // elementwise ops make (XLA keeps those, or the residual itself).
   llvm::DenseSet<Value> kept;
-  for (auto [residual, firstReader] : inOrder) {
+  for (auto [residual, firstReader] : residualsOf(block)) {
     if (!shlo::isElementwiseOrBroadcast(residual.getDefiningOp())) {
       kept.insert(residual);
       continue;
     }
     Cone cone = coneOf(residual);
-    int64_t size = *elementsOf(residual);
-    bool fromKept = cone.complete &&
-                    llvm::all_of(cone.roots, [&](Value root) {
-                      Operation *producer = root.getDefiningOp();
-                      return !producer || producer->getBlock() != &block ||
-                             kept.contains(root) || isSmall(root, size);
-                    });
-    // A residual made from arguments alone (a parameter's compute-dtype
-    // copy) is kept: recomputing it puts a barrier on the argument, and on
-    // the MLP step (deviceless H100) that cost XLA 16 MiB of temporaries
-    // and saved nothing; the LM step was the same either way.
-    if (llvm::all_of(cone.roots, [](Value root) {
-          return isa<BlockArgument>(root);
-        }))
-      fromKept = false;
-    if (!fromKept) {
+    if (!readsKept(cone, *elementsOf(residual), block, kept)) {
       if (cone.complete)
         kept.insert(cone.roots.begin(), cone.roots.end());
       else
@@ -205,14 +219,19 @@ class RematerializePass final
 public:
   using AmpRematerializePassBase::AmpRematerializePassBase;
 
+  LogicalResult initialize(MLIRContext *context) override {
+    if (minElements < 1 || maxOps < 1)
+      options.keep(llvm::createStringError(
+          "invalid option '" +
+          llvm::Twine(minElements < 1 ? "min-elements" : "max-ops") +
+          "': must be at least 1"));
+    return success();
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    if (minElements < 1 || maxOps < 1) {
-      module.emitError() << "invalid option '"
-                         << (minElements < 1 ? "min-elements" : "max-ops")
-                         << "': must be at least 1";
+    if (failed(options.report(module)))
       return signalPassFailure();
-    }
     ResidualPlan plan(module, minElements, maxOps);
     llvm::DenseSet<Value> backward = backwardValues(module);
     for (auto &group : groups(plan.recomputations()))
@@ -220,6 +239,8 @@ public:
   }
 
 private:
+  OptionCheck options;
+
   using Group = llvm::SmallVector<const Recomputation *>;
   /// Recomputations that share ops, together: they are recomputed once,
   /// before the first reader of any of them.

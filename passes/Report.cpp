@@ -2,6 +2,7 @@
 
 #include "Report.h"
 #include "Contract.h"
+#include "PassSupport.h"
 #include "StableHLO.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -144,7 +145,7 @@ std::string mlir::amp::collectPrecisionReport(ModuleOp module,
     ops.push_back(decisionJson(op, decision));
   });
   llvm::json::Array regions;
-  if (auto main = module.lookupSymbol<func::FuncOp>("main"))
+  if (func::FuncOp main = entryFunction(module))
     if (auto records = main->getAttrOfType<ArrayAttr>(attr::kNonFiniteRegions))
       for (auto record : records.getAsRange<DictionaryAttr>())
         regions.push_back(regionJson(record));

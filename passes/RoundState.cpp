@@ -13,6 +13,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "Contract.h"
+#include "PassSupport.h"
 #include "Passes.h"
 #include "StableHLO.h"
 #include "TrainingStep.h"
@@ -117,13 +118,75 @@ Value decodeBlocks(OpBuilder &builder, Location loc, Value stored,
   return shlo::buildReshape(builder, loc, values, type.getShape());
 }
 
+/// `number` (f32) broadcast to `like`.
+Value splat(OpBuilder &builder, Location loc, double number,
+                   RankedTensorType like) {
+  Value scalar =
+      shlo::buildScalar(builder, loc, builder.getF32Type(), number);
+  return shlo::buildBroadcastScalar(builder, loc, scalar, like);
+}
+
+/// `value` (f32) companded, `sign(x) * sqrt(|x|)`, in blocks: reshaped to
+/// `groupShape` (blocks..., kBlock), the flat layout zero-padded. The
+/// companded values span half the decades `value` does, so more of a
+/// block's second moments (squares of gradients spread over many decades)
+/// keep their value.
+Value groupedRoots(OpBuilder &builder, Location loc, Value value,
+                          llvm::ArrayRef<int64_t> groupShape) {
+  auto type = cast<RankedTensorType>(value.getType());
+  int64_t count = type.getNumElements();
+  Value roots = shlo::buildElementwise(
+      builder, loc, "multiply",
+      {shlo::buildElementwise(builder, loc, "sign", {value}),
+       shlo::buildElementwise(
+           builder, loc, "sqrt",
+           {shlo::buildElementwise(builder, loc, "abs", {value})})});
+  int64_t padded = RankedTensorType::get(groupShape, type.getElementType())
+                       .getNumElements();
+  if (padded != count) { // the flat layout, zero-padded
+    Value flat = type.getRank() == 1
+                     ? roots
+                     : shlo::buildReshape(builder, loc, roots, {count});
+    roots = shlo::buildConcatenate(
+        builder, loc,
+        {flat, splat(builder, loc, 0.0,
+                     RankedTensorType::get({padded - count},
+                                           builder.getF32Type()))},
+        0);
+  }
+  return shlo::buildReshape(builder, loc, roots, groupShape);
+}
+
+/// The E4M3 codes of `scaled` (blocks scaled to at most kMax), as bytes. A
+/// nonzero value keeps at least the smallest code: a second moment flushed
+/// to zero under a nonzero first moment would make Adam's step explode;
+/// rounded up, it only makes that step smaller.
+Value codeBytes(OpBuilder &builder, Location loc, Value scaled) {
+  using Blocks = OptimizerStateBlocks;
+  auto groupType = cast<RankedTensorType>(scaled.getType());
+  Value lifted = shlo::buildElementwise(
+      builder, loc, "multiply",
+      {shlo::buildElementwise(builder, loc, "sign", {scaled}),
+       shlo::buildElementwise(
+           builder, loc, "maximum",
+           {shlo::buildElementwise(builder, loc, "abs", {scaled}),
+            splat(builder, loc, Blocks::kSmallest, groupType)})});
+  Value clamped = shlo::buildClamp(
+      builder, loc, splat(builder, loc, -Blocks::kMax, groupType), lifted,
+      splat(builder, loc, Blocks::kMax, groupType));
+  auto f8 = Float8E4M3FNType::get(builder.getContext());
+  Value codes = shlo::buildConvert(builder, loc, clamped, f8);
+  Type u8 = builder.getIntegerType(8, /*isSigned=*/false);
+  return shlo::buildBitcastConvert(
+      builder, loc, codes, RankedTensorType::get(groupType.getShape(), u8));
+}
+
 /// `value` (f32) in the f8 layout (OptimizerStateBlocks): per block, codes
 /// rounded to nearest FP8 E4M3 after scaling the block's largest magnitude
 /// to kMax, and the scale that undoes it. An all-zero block has scale 0.
 Value encodeBlocks(OpBuilder &builder, Location loc, Value value) {
   using Blocks = OptimizerStateBlocks;
   auto type = cast<RankedTensorType>(value.getType());
-  int64_t count = type.getNumElements();
   llvm::SmallVector<int64_t> storedShape = Blocks::storedShape(type.getShape());
   int64_t rank = storedShape.size();
   llvm::SmallVector<int64_t> blocksShape(
@@ -131,73 +194,34 @@ Value encodeBlocks(OpBuilder &builder, Location loc, Value value) {
   llvm::SmallVector<int64_t> groupShape(blocksShape);
   groupShape.push_back(Blocks::kBlock);
   Type f32 = builder.getF32Type();
-  Type u8 = builder.getIntegerType(8, /*isSigned=*/false);
   auto groupType = RankedTensorType::get(groupShape, f32);
   auto scaleType = RankedTensorType::get(blocksShape, f32);
   llvm::SmallVector<int64_t> blockDims =
       llvm::to_vector(llvm::seq<int64_t>(0, rank - 1));
-  auto constant = [&](double number, RankedTensorType like) {
-    return shlo::buildBroadcastScalar(
-        builder, loc, shlo::buildScalar(builder, loc, f32, number), like);
-  };
-  // Square-root companding: sign(x) * sqrt(|x|) spans half the decades x
-  // does, so more of a block's second moments (squares of gradients spread
-  // over many decades) keep their value.
-  Value roots = shlo::buildElementwise(
-      builder, loc, "multiply",
-      {shlo::buildElementwise(builder, loc, "sign", {value}),
-       shlo::buildElementwise(
-           builder, loc, "sqrt",
-           {shlo::buildElementwise(builder, loc, "abs", {value})})});
-  int64_t padded = groupType.getNumElements();
-  if (padded != count) { // the flat layout, zero-padded
-    Value flat = type.getRank() == 1
-                     ? roots
-                     : shlo::buildReshape(builder, loc, roots, {count});
-    roots = shlo::buildConcatenate(
-        builder, loc,
-        {flat, constant(0.0, RankedTensorType::get({padded - count}, f32))},
-        0);
-  }
-  Value grouped = shlo::buildReshape(builder, loc, roots, groupShape);
+  Value grouped = groupedRoots(builder, loc, value, groupShape);
   Value largest = shlo::buildReduce(
       builder, loc, shlo::buildElementwise(builder, loc, "abs", {grouped}),
       {rank - 1}, "maximum", 0.0);
-  Value scale = shlo::buildElementwise(builder, loc, "divide",
-                                       {largest, constant(Blocks::kMax,
-                                                          scaleType)});
+  Value scale = shlo::buildElementwise(
+      builder, loc, "divide",
+      {largest, splat(builder, loc, Blocks::kMax, scaleType)});
   // 1 where the block is all zero, so nothing divides by 0.
-  Value positive = shlo::buildCompare(builder, loc, largest,
-                                      constant(0.0, scaleType), "GT");
+  Value positive = shlo::buildCompare(
+      builder, loc, largest, splat(builder, loc, 0.0, scaleType), "GT");
   Value divisor = shlo::buildSelect(builder, loc, positive, scale,
-                                    constant(1.0, scaleType));
+                                    splat(builder, loc, 1.0, scaleType));
   Value scaled = shlo::buildElementwise(
       builder, loc, "divide",
       {grouped, shlo::buildBroadcastInDim(builder, loc, divisor, groupType,
                                           blockDims)});
-  // A nonzero value keeps at least the smallest code: a second moment
-  // flushed to zero under a nonzero first moment would make Adam's step
-  // explode; rounded up, it only makes that step smaller.
-  Value lifted = shlo::buildElementwise(
-      builder, loc, "multiply",
-      {shlo::buildElementwise(builder, loc, "sign", {scaled}),
-       shlo::buildElementwise(
-           builder, loc, "maximum",
-           {shlo::buildElementwise(builder, loc, "abs", {scaled}),
-            constant(Blocks::kSmallest, groupType)})});
-  Value clamped = shlo::buildClamp(builder, loc,
-                                   constant(-Blocks::kMax, groupType), lifted,
-                                   constant(Blocks::kMax, groupType));
-  auto f8 = Float8E4M3FNType::get(builder.getContext());
-  Value codes = shlo::buildConvert(builder, loc, clamped, f8);
-  Value codeBytes = shlo::buildBitcastConvert(
-      builder, loc, codes, RankedTensorType::get(groupShape, u8));
   llvm::SmallVector<int64_t> scaleBytesShape(blocksShape);
   scaleBytesShape.push_back(Blocks::kScaleBytes);
+  Value codes = codeBytes(builder, loc, scaled);
   Value scaleBytes = shlo::buildBitcastConvert(
-      builder, loc, scale, RankedTensorType::get(scaleBytesShape, u8));
-  return shlo::buildConcatenate(builder, loc, {codeBytes, scaleBytes},
-                                rank - 1);
+      builder, loc, scale,
+      RankedTensorType::get(scaleBytesShape,
+                            builder.getIntegerType(8, /*isSigned=*/false)));
+  return shlo::buildConcatenate(builder, loc, {codes, scaleBytes}, rank - 1);
 }
 
 /// `low` (bf16) widened to f32 through its bits: the high half of an f32
@@ -246,6 +270,40 @@ void readStoredMoment(Value next, Value stored, Operation *encoding,
   });
 }
 
+/// Returns result `r` of `main`, the new value of an optimizer state whose
+/// `argument` is stored in `dtype` and decoded as `wide`, in that dtype:
+/// the argument itself when unchanged, else encoded. Returns the convert
+/// that rounds it to bf16, if it is one.
+Operation *storeNewValue(OpBuilder &builder, func::FuncOp main, unsigned r,
+                         BlockArgument argument, Value wide,
+                         OptimizerStateDtype dtype) {
+  Location loc = main.getLoc();
+  Operation *terminator = main.front().getTerminator();
+  builder.setInsertionPoint(terminator);
+  Value next = terminator->getOperand(r);
+  if (next == wide) { // unchanged: return the argument itself
+    terminator->setOperand(r, argument);
+    return nullptr;
+  }
+  if (dtype == OptimizerStateDtype::F8) {
+    // The update reads the f32 value, as bitsandbytes' and torchao's 8-bit
+    // optimizers do, not the decoded code (whose error, up to 2^-4 of a
+    // block's largest root, it would then take every step), at the price
+    // of XLA:CPU copying the old blocks (1 byte per moment).
+    terminator->setOperand(r, encodeBlocks(builder, loc, next));
+    return nullptr;
+  }
+  // Right after `next`, so the readers that follow can read the stored
+  // value instead (readStoredMoment).
+  builder.setInsertionPointAfterValue(next);
+  Value low = shlo::buildConvert(builder, loc, next, builder.getBF16Type());
+  Value stored = widenThroughBits(builder, loc, low);
+  terminator->setOperand(r, low);
+  if (Operation *def = next.getDefiningOp())
+    readStoredMoment(next, stored, def->getNextNode(), terminator);
+  return low.getDefiningOp();
+}
+
 /// Stores the f32 arguments of `main` marked amp.optimizer_state in
 /// `dtype` (bf16, or the f8 layout): each becomes an argument of that type
 /// decoded back to f32 where it is read, and its new value (the result
@@ -257,7 +315,6 @@ storeOptimizerStateLow(func::FuncOp main, OptimizerStateDtype dtype) {
   OpBuilder builder(main.getContext());
   Type bf16 = builder.getBF16Type();
   Location loc = main.getLoc();
-  Operation *terminator = main.front().getTerminator();
   llvm::SmallVector<Type> inputs(main.getArgumentTypes());
   llvm::SmallVector<Type> results(main.getResultTypes());
   for (unsigned i = 0, e = main.getNumArguments(); i < e; ++i) {
@@ -290,28 +347,9 @@ storeOptimizerStateLow(func::FuncOp main, OptimizerStateDtype dtype) {
       auto stateOf = main.getResultAttrOfType<IntegerAttr>(r, attr::kStateOf);
       if (!stateOf || stateOf.getInt() != static_cast<int64_t>(i))
         continue;
-      builder.setInsertionPoint(terminator);
-      Value next = terminator->getOperand(r);
-      if (next == wide) { // unchanged: return the argument itself
-        terminator->setOperand(r, argument);
-      } else if (dtype == OptimizerStateDtype::F8) {
-        // The update reads the f32 value, as bitsandbytes' and torchao's
-        // 8-bit optimizers do, not the decoded code (whose error, up to
-        // 2^-4 of a block's largest root, it would then take every step),
-        // at the price of XLA:CPU copying the old blocks (1 byte per
-        // moment).
-        terminator->setOperand(r, encodeBlocks(builder, loc, next));
-      } else {
-        // Right after `next`, so the readers that follow can read the
-        // stored value instead (readStoredMoment).
-        builder.setInsertionPointAfterValue(next);
-        Value low = shlo::buildConvert(builder, loc, next, bf16);
-        roundings.insert(low.getDefiningOp());
-        Value stored = widenThroughBits(builder, loc, low);
-        terminator->setOperand(r, low);
-        if (Operation *def = next.getDefiningOp())
-          readStoredMoment(next, stored, def->getNextNode(), terminator);
-      }
+      if (Operation *rounding =
+              storeNewValue(builder, main, r, argument, wide, dtype))
+        roundings.insert(rounding);
       results[r] = lowType;
     }
   }
@@ -401,29 +439,23 @@ Value roundStochastically(OpBuilder &builder, Location loc, Value value,
   return shlo::buildConvert(builder, loc, chosen, builder.getBF16Type());
 }
 
-class RoundStatePass
+class RoundStatePass final
     : public amp::impl::AmpRoundStatePassBase<RoundStatePass> {
 public:
   using Base::Base;
 
+  LogicalResult initialize(MLIRContext *context) override {
+    options.keep(parseOptions());
+    return success();
+  }
+
   void runOnOperation() override {
     ModuleOp module = getOperation();
-    llvm::Expected<UpdateRounding> mode = parseUpdateRounding(rounding);
-    if (!mode) {
-      module.emitError() << "invalid option 'rounding': "
-                         << llvm::toString(mode.takeError());
+    if (failed(options.report(module)))
       return signalPassFailure();
-    }
-    llvm::Expected<OptimizerStateDtype> stateDtype =
-        parseOptimizerStateDtype(optimizerState);
-    if (!stateDtype) {
-      module.emitError() << "invalid option 'optimizer-state': "
-                         << llvm::toString(stateDtype.takeError());
-      return signalPassFailure();
-    }
-    auto main = module.lookupSymbol<func::FuncOp>("main");
-    if (!main || !main.isPublic() || main.isExternal()) {
-      if (!stateResults.empty() || !optimizerStateArgs.empty()) {
+    func::FuncOp main = entryFunction(module);
+    if (!main) {
+      if (!statePairs.empty() || !optimizerStateArgs.empty()) {
         module.emitError() << "amp-round-state: state-results and "
                               "optimizer-state-args name arguments and "
                               "results of a public function 'main', and "
@@ -435,13 +467,13 @@ public:
     if (failed(markNamedState(main)))
       return signalPassFailure();
     llvm::SmallPtrSet<Operation *, 8> optimizerRoundings;
-    if (*stateDtype != OptimizerStateDtype::F32) {
-      optimizerRoundings = storeOptimizerStateLow(main, *stateDtype);
+    if (stateDtype != OptimizerStateDtype::F32) {
+      optimizerRoundings = storeOptimizerStateLow(main, stateDtype);
     } else {
       for (unsigned i = 0, e = main.getNumArguments(); i < e; ++i)
         main.removeArgAttr(i, attr::kOptimizerState);
     }
-    if (*mode == UpdateRounding::Nearest)
+    if (mode == UpdateRounding::Nearest)
       return;
     // Parameters only: the optimizer state stored low keeps its rounding to
     // nearest (see Passes.td).
@@ -451,23 +483,35 @@ public:
     });
     if (converts.empty())
       return;
-    if (*mode == UpdateRounding::Kahan)
+    if (mode == UpdateRounding::Kahan)
       compensate(main, converts);
     else
       roundWithKey(main, converts);
   }
 
 private:
+  UpdateRounding mode = UpdateRounding::Nearest;
+  OptimizerStateDtype stateDtype = OptimizerStateDtype::F32;
+  llvm::SmallVector<std::pair<unsigned, unsigned>> statePairs;
+  OptionCheck options;
+
+  llvm::Error parseOptions() {
+    if (llvm::Error error =
+            readOption("rounding", parseUpdateRounding(rounding), mode))
+      return error;
+    if (llvm::Error error = readOption(
+            "optimizer-state", parseOptimizerStateDtype(optimizerState),
+            stateDtype))
+      return error;
+    return parseStateResults(stateResults).moveInto(statePairs);
+  }
+
   /// Marks what the state-results and optimizer-state-args options name,
   /// as a front end would have.
   LogicalResult markNamedState(func::FuncOp main) {
-    llvm::Expected<llvm::SmallVector<std::pair<unsigned, unsigned>>> pairs =
-        parseStateResults(stateResults);
-    if (!pairs)
-      return main.emitError() << llvm::toString(pairs.takeError());
     OpBuilder builder(main.getContext());
     unsigned arguments = main.getNumArguments();
-    for (auto [result, argument] : *pairs) {
+    for (auto [result, argument] : statePairs) {
       if (failed(verifyStateResult(main, result, argument)))
         return failure();
       main.setResultAttr(result, attr::kStateOf,

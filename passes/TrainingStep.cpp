@@ -41,6 +41,20 @@ BlockArgument mlir::amp::appendStateArgument(func::FuncOp main, Type type,
   return main.getArgument(index);
 }
 
+/// Appends `value` to `main`'s results, marked with `markers`.
+static LogicalResult appendResult(func::FuncOp main, Value value,
+                                  ArrayRef<NamedAttribute> markers) {
+  if (failed(main.insertResult(main.getNumResults(), value.getType(),
+                               DictionaryAttr::get(main.getContext(),
+                                                   markers))))
+    return failure();
+  Operation *terminator = main.front().getTerminator();
+  SmallVector<Value> operands(terminator->getOperands());
+  operands.push_back(value);
+  terminator->setOperands(operands);
+  return success();
+}
+
 LogicalResult mlir::amp::appendStateResult(func::FuncOp main, Value next,
                                            StringRef role, Attribute value,
                                            unsigned argument) {
@@ -51,12 +65,18 @@ LogicalResult mlir::amp::appendStateResult(func::FuncOp main, Value next,
     markers.push_back(NamedAttribute(
         StringAttr::get(context, attr::kStateOf),
         IntegerAttr::get(IntegerType::get(context, 64), argument)));
-  if (failed(main.insertResult(main.getNumResults(), next.getType(),
-                               DictionaryAttr::get(context, markers))))
-    return failure();
-  Operation *terminator = main.front().getTerminator();
-  SmallVector<Value> operands(terminator->getOperands());
-  operands.push_back(next);
-  terminator->setOperands(operands);
-  return success();
+  return appendResult(main, next, markers);
+}
+
+LogicalResult mlir::amp::appendMeasurement(func::FuncOp main, Value value,
+                                           StringRef measurement) {
+  MLIRContext *context = main.getContext();
+  assert(llvm::any_of(measurements(),
+                      [&](const Measurement &known) {
+                        return known.attribute == measurement;
+                      }) &&
+         "not a measurement of the contract");
+  return appendResult(main, value,
+                      {NamedAttribute(StringAttr::get(context, measurement),
+                                      UnitAttr::get(context))});
 }

@@ -35,6 +35,10 @@ BlockArgument appendStateArgument(func::FuncOp main, Type type,
 LogicalResult appendStateResult(func::FuncOp main, Value next,
                                 StringRef role, Attribute value,
                                 unsigned argument);
+/// Appends `value`, a measurement of the step (one of measurements()), as a
+/// result marked with it: returned, never given back.
+LogicalResult appendMeasurement(func::FuncOp main, Value value,
+                                StringRef measurement);
 
 } // namespace mlir::amp
 

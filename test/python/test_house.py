@@ -114,22 +114,16 @@ def test_every_state_role_names_a_field_with_a_slot():
   roles = contract.state_roles()
   appended = {contract.attribute(name) for name in (
       "loss_scale", "loss_scale_counter", "grads_finite", "state_finite",
-      "amax_history", "rounding_key", "compensation", "gemm_amax",
-      "gemm_counts", "nonfinite")}
+      "amax_history", "rounding_key", "compensation")}
   assert set(roles) == appended
-  # Measurements are returned, not carried: no field of the state.
-  measured = {role for role, spec in roles.items()
-              if spec["field"] == contract.METRICS_FIELD}
-  assert measured == {contract.attribute("gemm_amax"),
-                      contract.attribute("gemm_counts"),
-                      contract.attribute("nonfinite")}
+  # Measurements are returned, not carried: no role of the state.
+  assert set(contract.measurements()) == {contract.attribute("gemm_amax"),
+                                          contract.attribute("gemm_counts"),
+                                          contract.attribute("nonfinite")}
   for role, spec in roles.items():
-    if role in measured:
-      continue
     assert spec["field"] in amp.TrainState._fields, role
     assert spec["field"] in train_state.SLOTS, role
-  assert set(train_state.SLOTS) == {spec["field"] for role, spec in
-                                    roles.items() if role not in measured}
+  assert set(train_state.SLOTS) == {spec["field"] for spec in roles.values()}
   per_parameter = {spec["field"] for spec in roles.values()
                    if spec["per_parameter"]}
   assert per_parameter == {"compensation"}
@@ -162,8 +156,6 @@ def test_a_skipped_step_keeps_what_the_contract_says_it_keeps(policy,
   before, after = _skip_one_step(policy, **options)
   checked = set()
   for role, spec in contract.state_roles().items():
-    if spec["field"] == contract.METRICS_FIELD:  # returned, not carried
-      continue
     old, new = getattr(before, spec["field"]), getattr(after, spec["field"])
     if old is None:  # a role this step does not append
       continue

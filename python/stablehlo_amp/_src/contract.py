@@ -61,9 +61,6 @@ REMATERIALIZE = "amp-rematerialize"
 ROUND_STATE = "amp-round-state"
 SIMPLIFY_CONVERTS = "amp-simplify-converts"
 NUMERICS = "amp-numerics"
-# The state field of roles that are measurements, not state: a step returns
-# them and nothing gives them back.
-METRICS_FIELD = "metrics"
 
 
 def gemm_stats_counts() -> tuple[str, ...]:
@@ -219,6 +216,13 @@ def state_roles() -> Mapping[str, Mapping[str, Any]]:
   (``per_parameter``) and whether a skipped step keeps the old value
   (``kept_on_skip``, which the program does)."""
   return document()["state_roles"]
+
+
+def measurements() -> Mapping[str, Mapping[str, Any]]:
+  """Per attribute of a result a pass appends to main that is a measurement,
+  not state (amp-numerics'): the pass (``pass``). A step returns them, in
+  its metrics, and nothing gives them back."""
+  return document()["measurements"]
 
 
 def target_option() -> str:

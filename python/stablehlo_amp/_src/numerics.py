@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -128,10 +128,14 @@ class NonFinite(NamedTuple):
     return flagged[0] if flagged else None
 
 
-def measurements(measured: Mapping[str, Any]) -> dict[str, Any]:
-  """The metrics of amp-numerics' results (`appended_metrics`, by role
-  attribute): ``gemm_stats`` (`GemmStats`) and ``nonfinite``
-  (`NonFinite`), those the program has."""
+def measurements(roles: Sequence[str], extra: Sequence[Any]
+                 ) -> dict[str, Any]:
+  """The metrics of the measurements among a program's appended results
+  (`extra`, marked `roles`; `contract.measurements()`): ``gemm_stats``
+  (`GemmStats`) and ``nonfinite`` (`NonFinite`), those the program has."""
+  table = contract.measurements()
+  measured = {role: value for role, value in zip(roles, extra)
+              if role in table}
   metrics: dict[str, Any] = {}
   if contract.attribute("gemm_amax") in measured:
     metrics["gemm_stats"] = GemmStats.from_results(

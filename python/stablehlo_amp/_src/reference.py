@@ -261,6 +261,16 @@ def _state_roles() -> list[str]:
                for attribute, spec in contract.state_roles().items()])
 
 
+def _measurements() -> list[str]:
+  return ["## Measurements", "",
+          "What the passes append to a training step's `main` as a result "
+          "only: a measurement, returned in the step's metrics and never "
+          "given back (`contract.measurements()`).", ""] + _table(
+              ["attribute", "pass"],
+              [[_code(attribute), _code(spec["pass"])]
+               for attribute, spec in contract.measurements().items()])
+
+
 def markdown() -> str:
   """docs/reference.md, whole."""
   sections = [
@@ -274,7 +284,7 @@ def markdown() -> str:
        "[policy.md](policy.md) and the others linked from the "
        "[README](../README.md)."],
       _options(), _amp_opt(), _passes(), _policy(), _report(),
-      _attributes(), _state_roles()]
+      _attributes(), _state_roles(), _measurements()]
   return "\n\n".join("\n".join(section) for section in sections) + "\n"
 
 

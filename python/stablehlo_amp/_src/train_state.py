@@ -185,10 +185,14 @@ SLOTS: Mapping[str, Slot] = {
 
 def _by_field(roles: Sequence[str], owners: Sequence[int | None]
               ) -> dict[str, tuple[list[int], list[str], list]]:
-  """Positions, roles and owners of appended values, by state field."""
+  """Positions, roles and owners of appended values, by state field.
+  Measurements (`numerics.measurements`) are no field of the state."""
   table = contract.state_roles()
+  measured = contract.measurements()
   grouped: dict[str, tuple[list[int], list[str], list]] = {}
   for position, (role, owner) in enumerate(zip(roles, owners)):
+    if role in measured:
+      continue
     if role not in table:
       raise pl.RewriteError(f"the program appends {role}, which is no state "
                             "role of the contract")
@@ -223,23 +227,12 @@ def appended_results(program: prog.Program, extra: Sequence[Any]
 
 def taken_fields(program: prog.Program, fields: Mapping[str, Any],
                  extra: Sequence[Any], step: StepContext) -> dict[str, Any]:
-  """The new value of each field the program's appended results write
-  (measurements, `appended_metrics`, are no field of the state)."""
+  """The new value of each field the program's appended results write."""
   grouped = _by_field(program.extra_out_roles, program.extra_out_owners)
   return {field: SLOTS[field].taken(fields.get(field),
                                     [extra[i] for i in positions], owners,
                                     step)
-          for field, (positions, _, owners) in grouped.items()
-          if field != contract.METRICS_FIELD}
-
-
-def appended_metrics(program: prog.Program, extra: Sequence[Any]
-                     ) -> dict[str, Any]:
-  """The measurements the passes appended (amp-numerics'), by role
-  attribute: what a step returns in its metrics."""
-  table = contract.state_roles()
-  return {role: extra[i] for i, role in enumerate(program.extra_out_roles)
-          if table[role]["field"] == contract.METRICS_FIELD}
+          for field, (positions, _, owners) in grouped.items()}
 
 
 # -- the optimizer state, stored low ------------------------------------------

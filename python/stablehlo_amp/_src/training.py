@@ -440,7 +440,7 @@ class ValueAndGrad(_LossScaledProgram):
     grads = (grads[positions[0]] if isinstance(self.argnums, int) else
              tuple(grads[i] for i in positions))
     value = (loss, aux) if self.has_aux else loss
-    measured = numerics.measurements(ts.appended_metrics(program, extra))
+    measured = numerics.measurements(program.extra_out_roles, extra)
     extra = ts.appended_results(program, extra).get("loss_scale", [])
     result = ((value, grads), loss_scale.grads_finite(extra),
               loss_scale.with_state(extra))
@@ -850,7 +850,7 @@ class TrainStep(_LossScaledProgram):
                "skipped_steps": state.skipped_steps}
     if state_finite is not None:
       metrics["state_finite"] = state_finite
-    metrics.update(numerics.measurements(ts.appended_metrics(program, extra)))
+    metrics.update(numerics.measurements(program.extra_out_roles, extra))
     if self.has_aux:
       metrics["aux"] = aux
     return state, metrics

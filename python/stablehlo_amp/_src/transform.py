@@ -38,7 +38,6 @@ from stablehlo_amp._src import jax_compat
 from stablehlo_amp._src import numerics
 from stablehlo_amp._src import pipeline as pl
 from stablehlo_amp._src import program as prog
-from stablehlo_amp._src import train_state as ts
 from stablehlo_amp._src.policy import Policy, as_policy
 
 
@@ -520,7 +519,7 @@ class Transformed:
     program = spec.program(avals)
     outputs, extra = program.call(leaves)
     return (jax.tree_util.tree_unflatten(out_tree, outputs),
-            numerics.measurements(ts.appended_metrics(program, extra)))
+            numerics.measurements(program.extra_out_roles, extra))
 
 
 def _calibration_budget(calibrate: Any, tolerance: float | None,
