@@ -4,6 +4,7 @@
 #include "OpClasses.h"
 #include "Passes.h"
 #include "Policy.h"
+#include "Scopes.h"
 #include "StableHLO.h"
 
 #include "llvm/ADT/STLExtras.h"
@@ -230,6 +231,8 @@ constexpr ReasonInfo kReasons[] = {
     {Reason::InputsLow, "inputs_low", "inputs are low precision"},
     {Reason::LevelO3, "level_o3", "level O3: every float op"},
     {Reason::ForceCompute, "force_compute", "force-compute override"},
+    {Reason::ScopeCompute, "scope_compute",
+     "forced into the compute dtype by scopes['{detail}']"},
     {Reason::NumericallySensitive, "numerically_sensitive",
      "numerically sensitive op"},
     {Reason::ConsumesSensitive, "consumes_sensitive",
@@ -237,6 +240,9 @@ constexpr ReasonInfo kReasons[] = {
     {Reason::NotBetweenLowOps, "not_between_low_ops",
      "not between low-precision ops"},
     {Reason::KeepF32, "keep_f32", "keep-f32 override"},
+    {Reason::ScopeF32, "scope_f32", "kept f32 by scopes['{detail}']"},
+    {Reason::PrecisionRequested, "precision_requested",
+     "precision={detail} requested at {where}"},
     {Reason::DiscreteDecision, "discrete_decision",
      "feeds a discrete decision"},
     {Reason::GatesDecision, "gates_decision",
@@ -306,6 +312,7 @@ constexpr Fp8IneligibilityInfo kFp8Ineligibilities[] = {
      "(fp8_min_size)"},
     {Fp8Ineligibility::Kept, "kept",
      "kept in the compute dtype by keep_gemms (or fp8_fallback)"},
+    {Fp8Ineligibility::Scope, "scope", "kept in the compute dtype by scopes"},
 };
 
 const Fp8IneligibilityInfo &infoOf(Fp8Ineligibility why) {
@@ -572,6 +579,9 @@ struct EntryOption {
   /// results, amp.train_step puts them in its metrics, amp.value_and_grad
   /// and amp.transform return them as one more element.
   llvm::ArrayRef<llvm::StringRef> measuredValues = {};
+  /// Another pass that takes the same option under the same spelling
+  /// (scopes: amp-fp8-gemms reads the "f8" entries); empty: none.
+  llvm::StringRef alsoPass = "";
 };
 
 const EntryOption kEntryOptions[] = {
@@ -586,6 +596,9 @@ const EntryOption kEntryOptions[] = {
     {"keep_f32", "amp-insert-converts", "keep-f32", OptionKind::OpNames},
     {"force_compute", "amp-insert-converts", "force-compute",
      OptionKind::OpNames},
+    {"scopes", "amp-insert-converts", "scopes", OptionKind::Scopes, false,
+     false, false, nullptr, nullptr, 0, "", "", "", {},
+     /*alsoPass=*/"amp-fp8-gemms"},
     {"keep_groups", "amp-insert-converts", "keep-groups", OptionKind::Ints,
      false, /*internal=*/true},
     {"storage_min_elements", "amp-insert-converts", "storage-min-elements",
@@ -638,6 +651,8 @@ llvm::StringRef kindName(OptionKind kind) {
     return "int";
   case OptionKind::Ints:
     return "ints";
+  case OptionKind::Scopes:
+    return "scopes";
   }
   llvm_unreachable("unknown option kind");
 }
@@ -725,6 +740,7 @@ llvm::json::Object passesJson() {
       {"storage", option(convert.storage, storageNames())},
       {"keep-f32", option(llvm::json::Array())},
       {"force-compute", option(llvm::json::Array())},
+      {"scopes", option(llvm::json::Array(), scopeChoiceNames())},
       {"keep-groups", option(llvm::json::Array())},
       {"storage-min-elements", option(convert.storageMinElements)},
       {"strict", option(convert.strict)},
@@ -739,6 +755,7 @@ llvm::json::Object passesJson() {
       {"amax-history", option(fp8.amaxHistory)},
       {"min-size", option(fp8.minSize)},
       {"keep-gemms", option(llvm::json::Array())},
+      {"scopes", option(llvm::json::Array(), scopeChoiceNames())},
       {"mx-form", option(fp8.mxForm, kMxFormNames)},
       {"report", option(fp8.report)},
   };
@@ -822,6 +839,8 @@ llvm::json::Array entryOptionsJson(const llvm::json::Object &passes) {
       object["stateful_value"] = entry.statefulValue;
     if (!entry.measuredValues.empty())
       object["measured_values"] = strings(entry.measuredValues);
+    if (!entry.alsoPass.empty())
+      object["also_pass"] = entry.alsoPass;
     if (entry.targetDefault) {
       llvm::json::Object defaults;
       for (llvm::StringRef name : targetNames())
@@ -994,6 +1013,10 @@ std::string mlir::amp::contractJson() {
       {"gemm_stats_counts", strings(gemmStatsCounts())},
       {"report", reportJson()},
       {"op_names", strings(shlo::knownOpNames())},
+      // How an op's scope path is read from its name (Scopes.h).
+      {"scope_path",
+       llvm::json::Object{{"wrappers", strings(scopeWrapperNames())},
+                          {"driver_names", strings(scopeDriverNames())}}},
       {"linear_algebra_calls", strings(linearAlgebraCallPrefixes())},
   };
   std::string text;

@@ -14,6 +14,7 @@
 #include "Contract.h"
 #include "Passes.h"
 #include "Policy.h"
+#include "Scopes.h"
 #include "StableHLO.h"
 #include "TrainingStep.h"
 
@@ -222,6 +223,9 @@ private:
   bool mxComposite = true;
   bool writeComposite = true;
   std::string optionError;
+  ScopeOverrides scopeRules;
+  /// Why `dot` stays in the compute dtype by `scopes`, if it does.
+  std::optional<Ineligible> keptByScope(Operation *dot) const;
 
   OperandPlan planOperand(Value operand,
                           const llvm::DenseSet<Value> &gradients);
@@ -307,6 +311,9 @@ LogicalResult Fp8GemmsPass::initialize(MLIRContext *context) {
       format == GemmDtype::F8E5M2)
     optionError = "invalid option 'scaling': mxfp8 stores E4M3 data; use "
                   "gemm=f8 or gemm=f8e4m3fn with it";
+  if (optionError.empty())
+    if (llvm::Error error = ScopeOverrides::parse(scopes).moveInto(scopeRules))
+      optionError = llvm::toString(std::move(error));
   if (optionError.empty()) {
     if (mxForm == mxFormNames()[0])
       mxComposite = true;
@@ -343,6 +350,17 @@ OperandPlan Fp8GemmsPass::planOperand(Value operand,
   return plan;
 }
 
+std::optional<Ineligible> Fp8GemmsPass::keptByScope(Operation *dot) const {
+  if (scopeRules.empty())
+    return std::nullopt;
+  const ScopeRule *rule = scopeRules.ruleFor(dot);
+  if (rule && rule->choice != ScopeChoice::F8)
+    return Ineligible{Fp8Ineligibility::Scope, rule->name()};
+  if (!rule && scopeRules.has(ScopeChoice::F8))
+    return Ineligible{Fp8Ineligibility::Scope, "not in a scope marked f8"};
+  return std::nullopt;
+}
+
 /// Decided before any GEMM is rewritten: whether one pays depends on which
 /// of its operands other FP8 GEMMs quantize anyway. Per-tensor current
 /// scaling of the same value in the same format is one quantization, made
@@ -360,6 +378,8 @@ Fp8GemmsPass::decideFp8(llvm::ArrayRef<Operation *> dots,
     candidate.ineligible = ineligibility(dot, candidate.sizes);
     if (!candidate.ineligible && kept.contains(index))
       candidate.ineligible = Ineligible{Fp8Ineligibility::Kept, ""};
+    if (!candidate.ineligible)
+      candidate.ineligible = keptByScope(dot);
     if (!candidate.ineligible)
       candidate.ineligible = unblockable(candidate.sizes, scalingMode);
     for (Value operand : dot->getOperands())
@@ -914,6 +934,10 @@ void Fp8GemmsPass::runOnOperation() {
                          << "; the report's gemm_index)";
       return signalPassFailure();
     }
+  if (llvm::Error error = scopeRules.check(module)) {
+    module.emitError() << llvm::toString(std::move(error));
+    return signalPassFailure();
+  }
   llvm::SmallVector<GemmCandidate> candidates = decideFp8(dots, gradients);
   for (auto [index, candidate] : llvm::enumerate(candidates)) {
     Operation *dot = candidate.dot;

@@ -138,6 +138,24 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
     equals a NumPy interpretation of the painted module bit for bit
     (test/python/test_strict.py).
 
+    *Per-layer control* (`scopes=PATTERN=CHOICE,...`). An op's scope path
+    is the name JAX gives it less the primitive, the leading `jit(f)` and
+    JAX's wrappers (`jit(loss)/transpose(jvp(Net))/head/dot_general` is in
+    `Net/head`): named scopes and flax or equinox module paths, the same in
+    the forward and the backward pass. Each PATTERN is a POSIX extended
+    regular expression searched in it; the pattern with the longest match
+    decides, and two matches of the same length are an error. `f32` keeps
+    every float op of the scope f32 (dots take f32 operands and make an f32
+    result), `compute` forces them into the compute dtype (as
+    `force-compute` does), `f8` is for amp-fp8-gemms (and needs a `gemm=`
+    FP8 policy). A scope's choice wins over `keep-f32`, `force-compute`
+    and a dot's own precision. A pattern that matches no scope is an error
+    naming the nearest ones.
+
+    *Explicit precision*: a `dot_general` or `convolution` whose
+    `precision_config` asks for `HIGHEST` or `HIGH` on an operand stays f32
+    (XLA then computes it as asked: f32, or bf16_3x / TF32 for `HIGH`).
+
     Calibration groups: each matrix multiply that may go low opens a group
     (numbered in program order); `keep-groups` keeps the listed ones in f32.
     With `report=true` each op carries its decision (`amp.decision`).
@@ -201,6 +219,12 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
                "Op names forced to stay f32 (e.g. stablehlo.tanh or tanh)">,
     ListOption<"forceCompute", "force-compute", "std::string",
                "Op names forced into the compute dtype">,
+    ListOption<"scopes", "scopes", "std::string",
+               "Per-layer overrides PATTERN=CHOICE: the ops whose scope path "
+               "(`Net/head`) the regular expression matches stay f32, "
+               "compute in the compute dtype, or with gemm=f8 are the only "
+               "GEMMs put in FP8 (f32, compute, f8; the longest match "
+               "wins)">,
     ListOption<"keepGroups", "keep-groups", "int64_t",
                "Calibration groups (numbers from the report) kept in f32">,
     Option<"storageMinElements", "storage-min-elements", "int64_t", "4096",
@@ -318,7 +342,10 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
     `gemm_index`. `keep-gemms` names dots by that place and keeps them in
     the compute dtype (`kept`): the GEMMs whose statistics
     (`amp-numerics{collect=stats}`) show that FP8 loses too much. The
-    places do not depend on which dots become FP8.
+    places do not depend on which dots become FP8. `scopes` takes the
+    entries of amp-insert-converts' option: with an `f8` entry only the
+    GEMMs of `f8` scopes go FP8, and a `compute` scope's GEMMs never do
+    (`gemm_reason` `scope`).
 
     Before (after `amp-insert-converts`):
     ```mlir
@@ -354,6 +381,10 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
     ListOption<"keepGemms", "keep-gemms", "int64_t",
                "Low-precision dots (their `gemm_index` in the report: "
                "program order) kept in the compute dtype">,
+    ListOption<"scopes", "scopes", "std::string",
+               "amp-insert-converts' PATTERN=CHOICE entries: with an f8 "
+               "entry only the GEMMs of f8 scopes go FP8; compute scopes' "
+               "GEMMs stay in the compute dtype">,
     Option<"mxForm", "mx-form", "std::string", "\"composite\"",
            "How an mxfp8 GEMM is written: composite (xla.scaled_dot; "
            "dequantized in a partitioned program) or dequantize "
