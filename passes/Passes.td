@@ -337,7 +337,7 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
     entry: its operand formats and scaling, or why it is not eligible, with
     that reason's contract id as `gemm_reason` (`dimensions_unreadable`,
     `dynamic_shapes`, `batch_dimensions`, `size_not_multiple_of_16`,
-    `both_e5m2`, `contraction_not_multiple_of_32`, `too_small`, `kept`), and
+    `both_e5m2`, `contraction_not_multiple_of_32`, `too_small`, `kept`, `scope`), and
     its place among the module's low-precision dots in program order as
     `gemm_index`. `keep-gemms` names dots by that place and keeps them in
     the compute dtype (`kept`): the GEMMs whose statistics
