@@ -275,7 +275,8 @@ def _check_usage(args, parser: argparse.ArgumentParser) -> str | None:
   if args.pass_pipeline is not None:
     names = (_BESIDES_PIPELINE[:1] + tuple(pl.accepted_options(False)) +
              _BESIDES_PIPELINE[1:])
-    given = [f"--{name.replace('_', '-')}" for name in names
+    given = [option_flag(name) if name in pl.accepted_options(False)
+             else f"--{name.replace('_', '-')}" for name in names
              if getattr(args, name) != parser.get_default(name)]
     if given:
       return (f"{', '.join(given)} do{'es' if len(given) == 1 else ''} not "
