@@ -159,7 +159,12 @@ def test_precision_highest_is_honoured_with_no_option(args):
   assert line.startswith(__file__) and all(
       d.reason == f"precision=HIGHEST requested at {line}"
       for d in decisions)
-  # A scope's choice wins over the dot's own precision.
+  # The dot's own precision wins over an op-name override...
+  named = amp.value_and_grad(_highest_loss, POLICY, target="gpu",
+                             force_compute=["dot_general"]).lower(*args)
+  assert {t for s, _, t in _dots(named) if s == "Net/head"} == {"f32,f32"}
+  assert {t for s, _, t in _dots(named) if s != "Net/head"} == {"bf16,bf16"}
+  # ...and a scope's choice over the dot's own precision.
   forced = amp.value_and_grad(_highest_loss, POLICY, target="gpu",
                               scopes={"head": "compute"}).lower(*args)
   assert all(t == "bf16,bf16" for *_, t in _dots(forced))
