@@ -4,11 +4,11 @@
 // `transpose(jvp(Net))/head` is the backward pass of `Net/head`), and the
 // precision a dot asks for itself.
 //
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu scopes=head=f32})' | FileCheck %s --check-prefix=F32
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 scopes=head=f32})' | FileCheck %s --check-prefix=F32
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu scopes=(mlp|head)=compute,Net/head=f32})' | FileCheck %s --check-prefix=LONGEST
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu})' | FileCheck %s --check-prefix=HIGHEST
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu report=true scopes=head=f32})' | FileCheck %s --check-prefix=REPORT
-// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu policy=p=f32,c=bf16,o=f32,gemm=f8 scopes=mlp=f8},amp-fp8-gemms{scopes=mlp=f8})' | FileCheck %s --check-prefix=F8
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32})' | FileCheck %s --check-prefix=HIGHEST
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 report=true scopes=head=f32})' | FileCheck %s --check-prefix=REPORT
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{target=gpu dot-result=f32 policy=p=f32,c=bf16,o=f32,gemm=f8 scopes=mlp=f8},amp-fp8-gemms{scopes=mlp=f8})' | FileCheck %s --check-prefix=F8
 //
 // Bad entries are errors naming what is wrong.
 // RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-insert-converts{scopes=hed=f32})' 2>&1 | FileCheck %s --check-prefix=NOMATCH

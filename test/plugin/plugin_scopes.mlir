@@ -1,7 +1,7 @@
 // The scopes option inside stock mlir-opt, through the plugin, on
 // generic-form StableHLO with the names JAX gives ops.
 
-// RUN: mlir-opt %s --load-pass-plugin=%amp_plugin --allow-unregistered-dialect --pass-pipeline='builtin.module(amp-insert-converts{policy=p=f32,c=bf16,o=f32 target=gpu scopes=head=f32})' | FileCheck %s
+// RUN: mlir-opt %s --load-pass-plugin=%amp_plugin --allow-unregistered-dialect --pass-pipeline='builtin.module(amp-insert-converts{policy=p=f32,c=bf16,o=f32 target=gpu dot-result=f32 scopes=head=f32})' | FileCheck %s
 // RUN: not mlir-opt %s --load-pass-plugin=%amp_plugin --allow-unregistered-dialect --pass-pipeline='builtin.module(amp-insert-converts{scopes=hed=f32})' 2>&1 | FileCheck %s --check-prefix=NOMATCH
 // NOMATCH: error: invalid option 'scopes': pattern 'hed' matches no scope (nearest: Net/head, Net/mlp)
 
