@@ -4,6 +4,7 @@
 #include "OpClasses.h"
 #include "Passes.h"
 #include "Policy.h"
+#include "Scopes.h"
 #include "StableHLO.h"
 
 #include "llvm/ADT/STLExtras.h"
@@ -241,6 +242,8 @@ constexpr ReasonInfo kReasons[] = {
     {Reason::InputsLow, "inputs_low", "inputs are low precision"},
     {Reason::LevelO3, "level_o3", "level O3: every float op"},
     {Reason::ForceCompute, "force_compute", "force-compute override"},
+    {Reason::ScopeCompute, "scope_compute",
+     "forced into the compute dtype by scopes['{detail}']"},
     {Reason::NumericallySensitive, "numerically_sensitive",
      "numerically sensitive op"},
     {Reason::ConsumesSensitive, "consumes_sensitive",
@@ -248,6 +251,9 @@ constexpr ReasonInfo kReasons[] = {
     {Reason::NotBetweenLowOps, "not_between_low_ops",
      "not between low-precision ops"},
     {Reason::KeepF32, "keep_f32", "keep-f32 override"},
+    {Reason::ScopeF32, "scope_f32", "kept f32 by scopes['{detail}']"},
+    {Reason::PrecisionRequested, "precision_requested",
+     "precision={detail} requested at {where}"},
     {Reason::DiscreteDecision, "discrete_decision",
      "feeds a discrete decision"},
     {Reason::GatesDecision, "gates_decision",
@@ -317,6 +323,7 @@ constexpr Fp8IneligibilityInfo kFp8Ineligibilities[] = {
      "(fp8_min_size)"},
     {Fp8Ineligibility::Kept, "kept",
      "kept in the compute dtype by keep_gemms (or fp8_fallback)"},
+    {Fp8Ineligibility::Scope, "scope", "kept in the compute dtype by scopes"},
 };
 
 const Fp8IneligibilityInfo &infoOf(Fp8Ineligibility why) {
@@ -582,6 +589,9 @@ struct EntryOption {
   /// results, amp.train_step puts them in its metrics, amp.value_and_grad
   /// and amp.transform return them as one more element.
   llvm::ArrayRef<llvm::StringRef> measuredValues = {};
+  /// Another pass that takes the same option under the same spelling
+  /// (scopes: amp-fp8-gemms reads the "f8" entries); empty: none.
+  llvm::StringRef alsoPass = "";
 
   /// A closed choice: its canonical spelling.
   EntryOption &&canonicalizedBy(Canonicalizer canonical) && {
@@ -620,6 +630,10 @@ struct EntryOption {
     measuredValues = values;
     return std::move(*this);
   }
+  EntryOption &&alsoFor(llvm::StringRef pass) && {
+    alsoPass = pass;
+    return std::move(*this);
+  }
 };
 
 /// Switches `pass` on or off (on by default); `help` says what it does.
@@ -650,6 +664,8 @@ const EntryOption kEntryOptions[] = {
     EntryOption("keep_f32", kInsertConverts, "keep-f32", OptionKind::OpNames),
     EntryOption("force_compute", kInsertConverts, "force-compute",
                 OptionKind::OpNames),
+    EntryOption("scopes", kInsertConverts, "scopes", OptionKind::Scopes)
+        .alsoFor(kFp8Gemms),
     EntryOption("keep_groups", kInsertConverts, "keep-groups",
                 OptionKind::Ints)
         .internalOnly(),
@@ -710,6 +726,8 @@ llvm::StringRef kindName(OptionKind kind) {
     return "int";
   case OptionKind::Ints:
     return "ints";
+  case OptionKind::Scopes:
+    return "scopes";
   }
   llvm_unreachable("unknown option kind");
 }
@@ -795,6 +813,7 @@ llvm::json::Object insertConvertsJson() {
       {"storage", option(convert.storage, storageNames())},
       {"keep-f32", option(llvm::json::Array())},
       {"force-compute", option(llvm::json::Array())},
+      {"scopes", option(llvm::json::Array(), scopeChoiceNames())},
       {"keep-groups", option(llvm::json::Array())},
       {"storage-min-elements", option(convert.storageMinElements)},
       {"strict", option(convert.strict)},
@@ -815,6 +834,7 @@ llvm::json::Object fp8GemmsJson() {
       {"amax-history", option(fp8.amaxHistory)},
       {"min-size", option(fp8.minSize)},
       {"keep-gemms", option(llvm::json::Array())},
+      {"scopes", option(llvm::json::Array(), scopeChoiceNames())},
       {"mx-form", option(fp8.mxForm, kMxFormNames)},
       {"report", option(fp8.report)},
   };
@@ -918,6 +938,8 @@ llvm::json::Array entryOptionsJson(const llvm::json::Object &passes) {
       object["stateful_value"] = entry.statefulValue;
     if (!entry.measuredValues.empty())
       object["measured_values"] = strings(entry.measuredValues);
+    if (!entry.alsoPass.empty())
+      object["also_pass"] = entry.alsoPass;
     if (entry.targetDefault) {
       llvm::json::Object defaults;
       for (llvm::StringRef name : targetNames())
@@ -1101,6 +1123,10 @@ std::string mlir::amp::contractJson() {
       {"gemm_stats_counts", strings(gemmStatsCounts())},
       {"report", reportJson()},
       {"op_names", strings(shlo::knownOpNames())},
+      // How an op's scope path is read from its name (Scopes.h).
+      {"scope_path",
+       llvm::json::Object{{"wrappers", strings(scopeWrapperNames())},
+                          {"driver_names", strings(scopeDriverNames())}}},
       {"linear_algebra_calls", strings(linearAlgebraCallPrefixes())},
   };
   std::string text;

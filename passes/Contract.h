@@ -270,7 +270,9 @@ enum class Precision {
 llvm::StringRef precisionId(Precision precision);
 
 /// Why. Each reason has a stable id (what the report carries) and a text
-/// (what people read).
+/// (what people read). The report appends a decision's detail to the text
+/// in parentheses, or puts it where the text says `{detail}`; `{where}`
+/// is the op's `file:line` in the user's code.
 enum class Reason {
   // Low precision.
   MatrixMultiply,
@@ -280,11 +282,14 @@ enum class Reason {
   InputsLow,
   LevelO3,
   ForceCompute,
+  ScopeCompute,
   // f32.
   NumericallySensitive,
   ConsumesSensitive,
   NotBetweenLowOps,
   KeepF32,
+  ScopeF32,
+  PrecisionRequested,
   DiscreteDecision,
   GatesDecision,
   LinearAlgebra,
@@ -310,6 +315,7 @@ enum class Fp8Ineligibility {
   ContractionNotMultipleOfBlock,
   TooSmall,
   Kept,
+  Scope,
 };
 llvm::StringRef fp8IneligibilityId(Fp8Ineligibility why);
 llvm::StringRef fp8IneligibilityText(Fp8Ineligibility why);
@@ -418,8 +424,9 @@ parseStateResults(llvm::ArrayRef<std::string> pairs);
 //===----------------------------------------------------------------------===//
 
 /// How amp.transform, amp.train_step, amp.value_and_grad and amp-opt take a
-/// pass option: a closed choice, op names, a switch, an integer, integers.
-enum class OptionKind { Choice, OpNames, Bool, Int, Ints };
+/// pass option: a closed choice, op names, a switch, an integer, integers,
+/// or `{pattern: choice}` per scope (Scopes.h; `PATTERN=CHOICE` entries).
+enum class OptionKind { Choice, OpNames, Bool, Int, Ints, Scopes };
 
 /// `value` of the entry-point option `name` (its Python spelling, e.g.
 /// `dot_result`) in its canonical spelling on `target`; an empty value of

@@ -16,6 +16,7 @@
 #include "PassSupport.h"
 #include "Passes.h"
 #include "Policy.h"
+#include "Scopes.h"
 #include "StableHLO.h"
 #include "TrainingStep.h"
 
@@ -189,6 +190,9 @@ private:
   OptionCheck options;
 
   llvm::Error parseOptions();
+  ScopeOverrides scopeRules;
+  /// Why `dot` stays in the compute dtype by `scopes`, if it does.
+  std::optional<Ineligible> keptByScope(Operation *dot) const;
 
   OperandPlan planOperand(Value operand,
                           const llvm::DenseSet<Value> &gradients);
@@ -262,6 +266,8 @@ llvm::Error Fp8GemmsPass::parseOptions() {
     return llvm::createStringError(
         "invalid option 'scaling': mxfp8 stores E4M3 data; use gemm=f8 or "
         "gemm=f8e4m3fn with it");
+  if (llvm::Error error = ScopeOverrides::parse(scopes).moveInto(scopeRules))
+    return error;
   return readOption("mx-form", parseMxForm(mxForm), form);
 }
 
@@ -294,6 +300,17 @@ OperandPlan Fp8GemmsPass::planOperand(Value operand,
   return plan;
 }
 
+std::optional<Ineligible> Fp8GemmsPass::keptByScope(Operation *dot) const {
+  if (scopeRules.empty())
+    return std::nullopt;
+  const ScopeRule *rule = scopeRules.ruleFor(dot);
+  if (rule && rule->choice != ScopeChoice::F8)
+    return Ineligible{Fp8Ineligibility::Scope, rule->name()};
+  if (!rule && scopeRules.has(ScopeChoice::F8))
+    return Ineligible{Fp8Ineligibility::Scope, "not in a scope marked f8"};
+  return std::nullopt;
+}
+
 /// Decided before any GEMM is rewritten: whether one pays depends on which
 /// of its operands other FP8 GEMMs quantize anyway. Per-tensor current
 /// scaling of the same value in the same format is one quantization, made
@@ -311,6 +328,8 @@ Fp8GemmsPass::decideFp8(llvm::ArrayRef<Operation *> dots,
     candidate.ineligible = ineligibility(dot, candidate.sizes);
     if (!candidate.ineligible && kept.contains(index))
       candidate.ineligible = Ineligible{Fp8Ineligibility::Kept, ""};
+    if (!candidate.ineligible)
+      candidate.ineligible = keptByScope(dot);
     if (!candidate.ineligible)
       candidate.ineligible = unblockable(candidate.sizes, scalingMode);
     for (Value operand : dot->getOperands())
@@ -695,6 +714,10 @@ void Fp8GemmsPass::runOnOperation() {
   llvm::SmallVector<Operation *> dots = lowPrecisionDots(module);
   if (failed(checkKeptGemms(module, dots.size())))
     return signalPassFailure();
+  if (llvm::Error error = scopeRules.check(module)) {
+    module.emitError() << llvm::toString(std::move(error));
+    return signalPassFailure();
+  }
   llvm::SmallVector<GemmCandidate> candidates = decideFp8(dots, gradients);
   for (auto [index, candidate] : llvm::enumerate(candidates)) {
     if (candidate.ineligible)

@@ -445,6 +445,15 @@ llvm::Error InsertConvertsPass::parseOptions() {
       return llvm::createStringError("op '" + entry.getKey() +
                                      "' is named in both keep-f32 and "
                                      "force-compute");
+  if (llvm::Error error =
+          ScopeOverrides::parse(scopes).moveInto(parsed.scopes))
+    return error;
+  if (parsed.scopes.has(ScopeChoice::F8) &&
+      parsed.policy.gemm == GemmDtype::Compute)
+    return llvm::createStringError(
+        "invalid option 'scopes': f8 puts a scope's GEMMs in FP8, and "
+        "policy " +
+        parsed.policy.str() + " has none: add gemm=f8 to the policy");
   parsed.strict = strict;
   if (llvm::Error error = readOption(
           "reduce-dtype", parseReduceDtype(reduceDtype, parsed.policy.compute),
@@ -521,6 +530,10 @@ void InsertConvertsPass::runOnOperation() {
     return;
   // Rules follow calls: each call site is decided in its own context.
   inlinePrivateCalls(module);
+  if (llvm::Error error = parsed.scopes.check(module)) {
+    module.emitError() << llvm::toString(std::move(error));
+    return signalPassFailure();
+  }
   PrecisionAnalysis analysis(module, parsed);
   // Decisions are attached before rewriting, while every op is where the
   // analysis saw it; the CPU dot rewrite carries them to the new dots.

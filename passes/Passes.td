@@ -36,6 +36,8 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
       statistics, normalised data or cheap rebuilds (docs/storage.md).
     - `strict=true`: every rounding as a `reduce_precision`. `target=cpu`:
       lowered dots in XLA:CPU's NT-canonical form, convolutions f32.
+      `scopes=PATTERN=f32|compute`: the ops of matching scopes (longest
+      match) stay f32 or go low; a dot asking `precision=HIGH(EST)` stays f32.
 
     Before, and after
     `amp-insert-converts{policy=p=f32,c=bf16,o=f32 target=gpu dot-result=f32}`:
@@ -70,6 +72,12 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
                "Op names forced to stay f32 (e.g. stablehlo.tanh or tanh)">,
     ListOption<"forceCompute", "force-compute", "std::string",
                "Op names forced into the compute dtype">,
+    ListOption<"scopes", "scopes", "std::string",
+               "Per-layer overrides PATTERN=CHOICE: the ops whose scope path "
+               "(`Net/head`) the regular expression matches stay f32, "
+               "compute in the compute dtype, or with gemm=f8 are the only "
+               "GEMMs put in FP8 (f32, compute, f8; the longest match "
+               "wins)">,
     ListOption<"keepGroups", "keep-groups", "int64_t",
                "Calibration groups (numbers from the report) kept in f32">,
     Option<"storageMinElements", "storage-min-elements", "int64_t", "4096",
@@ -146,7 +154,8 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
     by `keep-gemms` (places in program order, the report's `gemm_index`),
     and an effective size `M*N/(M+N)` (an operand quantized anyway leaves
     the sum) of at least `min-size`. With `report=true` each dot's decision
-    gets `gemm` and, if not FP8, `gemm_reason`.
+    gets `gemm` and, if not FP8, `gemm_reason`. `scopes` with an `f8`
+    entry: only the GEMMs of `f8` scopes go FP8 (`gemm_reason` `scope`).
 
     Before, and after `amp-fp8-gemms{gemm=f8}` (the lhs; the rhs is alike):
     ```mlir
@@ -180,6 +189,10 @@ def AmpFp8GemmsPass : Pass<"amp-fp8-gemms", "::mlir::ModuleOp"> {
     ListOption<"keepGemms", "keep-gemms", "int64_t",
                "Low-precision dots (their `gemm_index` in the report: "
                "program order) kept in the compute dtype">,
+    ListOption<"scopes", "scopes", "std::string",
+               "amp-insert-converts' PATTERN=CHOICE entries: with an f8 "
+               "entry only the GEMMs of f8 scopes go FP8; compute scopes' "
+               "GEMMs stay in the compute dtype">,
     Option<"mxForm", "mx-form", "std::string", "\"composite\"",
            "How an mxfp8 GEMM is written: composite (xla.scaled_dot; "
            "dequantized in a partitioned program) or dequantize "

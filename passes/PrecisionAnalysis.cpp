@@ -128,15 +128,7 @@ OpDecision PrecisionAnalysis::decideClass(Operation *op) {
     d.cls = OpClass::Clear;
     d.detail = "integer-to-float convert";
   }
-  std::string name = op->getName().getStringRef().str();
-  if (opts.keepF32.contains(name)) {
-    d.forcedHigh = true;
-    d.reason = Reason::KeepF32;
-  } else if (opts.forceCompute.contains(name) && d.cls != OpClass::Fixed &&
-             d.cls != OpClass::Convert) {
-    d.forcedLow = true;
-    d.reason = Reason::ForceCompute;
-  }
+  applyOverrides(op, d);
   if (d.cls != OpClass::Allow || opts.target != Target::Cpu || d.forcedLow)
     return d;
   if (shlo::isConvolution(op)) {
@@ -157,6 +149,37 @@ OpDecision PrecisionAnalysis::decideClass(Operation *op) {
     }
   }
   return d;
+}
+
+void PrecisionAnalysis::applyOverrides(Operation *op, OpDecision &d) const {
+  // Op-name overrides keep the class's detail; the others name theirs.
+  auto force = [&](bool high, Reason reason,
+                   std::optional<llvm::StringRef> detail = std::nullopt) {
+    d.forcedHigh = high;
+    d.forcedLow = !high;
+    d.reason = reason;
+    if (detail)
+      d.detail = detail->str();
+  };
+  // An explicit convert is the user's choice of precision; ops that keep
+  // their types have none to change.
+  bool changeable = d.cls != OpClass::Fixed && d.cls != OpClass::Convert;
+  std::string name = op->getName().getStringRef().str();
+  if (opts.keepF32.contains(name))
+    force(true, Reason::KeepF32);
+  else if (opts.forceCompute.contains(name) && changeable)
+    force(false, Reason::ForceCompute);
+  // precision=HIGHEST (or HIGH) on a dot is the user's request for f32
+  // operands; JAX's transpose rules give the backward dots the same one.
+  if (d.cls == OpClass::Allow)
+    if (llvm::StringRef asked = shlo::requestedPrecision(op); !asked.empty())
+      force(true, Reason::PrecisionRequested, asked);
+  if (const ScopeRule *rule = opts.scopes.ruleFor(op); rule && changeable) {
+    if (rule->choice == ScopeChoice::F32)
+      force(true, Reason::ScopeF32, rule->pattern);
+    else if (rule->choice == ScopeChoice::Compute)
+      force(false, Reason::ScopeCompute, rule->pattern);
+  }
 }
 
 void PrecisionAnalysis::collect(ModuleOp module) {

@@ -14,6 +14,7 @@
 #include "Contract.h"
 #include "OpClasses.h"
 #include "Policy.h"
+#include "Scopes.h"
 
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/DenseMap.h"
@@ -35,6 +36,9 @@ struct PrecisionOptions {
   /// Smaller values are never stored low (see Passes.td, storage).
   int64_t storageMinElements = 4096;
   llvm::StringSet<> keepF32, forceCompute;
+  /// Per-layer overrides (see Passes.td, scopes); they win over keepF32,
+  /// forceCompute and a dot's requested precision.
+  ScopeOverrides scopes;
   /// Calibration groups kept in f32 (see `OpDecision::group`).
   llvm::DenseSet<int64_t> keepGroups;
   /// Every rounding in a form XLA keeps (see Passes.td, strict).
@@ -50,8 +54,10 @@ struct OpDecision {
   OpClass cls = OpClass::Fixed;
   bool low = false;        ///< computes in the compute dtype
   bool denyMarked = false; ///< downstream of a sensitive op (stays f32)
-  bool forcedHigh = false; ///< keep-f32, a decision, linear algebra, calibration
-  bool forcedLow = false;  ///< force-compute
+  /// keep-f32, an f32 scope, a requested precision, a decision, linear
+  /// algebra, calibration
+  bool forcedHigh = false;
+  bool forcedLow = false; ///< force-compute, a compute scope
   Reason reason = Reason::Fixed;
   std::string detail; ///< what exactly ("sum reduction", "top_k")
   /// The calibration group: each matrix multiply that may go low opens one
@@ -107,6 +113,8 @@ private:
   // Building the graph.
   void collect(ModuleOp module);
   OpDecision decideClass(Operation *op);
+  /// The user's overrides of `d`: op names, a requested precision, scopes.
+  void applyOverrides(Operation *op, OpDecision &d) const;
   void assignGroups();
   // Values that feed discrete decisions or linear algebra stay f32, back
   // through their producers.

@@ -490,6 +490,25 @@ bool shlo::hasDotAlgorithm(Operation *dot) {
   return static_cast<bool>(getAttr(dot, "algorithm"));
 }
 
+llvm::StringRef shlo::requestedPrecision(Operation *op) {
+  auto config = dyn_cast_or_null<ArrayAttr>(getAttr(op, "precision_config"));
+  if (!config)
+    return "";
+  llvm::StringRef strongest;
+  for (Attribute entry : config) {
+    // `#stablehlo<precision HIGHEST>`, opaque without the dialect.
+    auto opaque = dyn_cast<OpaqueAttr>(entry);
+    if (!opaque || opaque.getDialectNamespace() != kDialect)
+      continue;
+    llvm::StringRef data = opaque.getAttrData();
+    if (data.ends_with(" HIGHEST"))
+      return "HIGHEST";
+    if (data.ends_with(" HIGH"))
+      strongest = "HIGH";
+  }
+  return strongest;
+}
+
 //===----------------------------------------------------------------------===//
 // Builders
 //===----------------------------------------------------------------------===//

@@ -163,6 +163,10 @@ std::optional<DotDimensions> getDotDimensions(Operation *dot);
 /// True if the dot carries an explicit `algorithm` (its precision is the
 /// user's choice).
 bool hasDotAlgorithm(Operation *dot);
+/// The strongest precision a dot_general's or convolution's
+/// `precision_config` asks of an operand, "HIGHEST" or "HIGH"; empty for
+/// DEFAULT or none.
+llvm::StringRef requestedPrecision(Operation *op);
 
 //===----------------------------------------------------------------------===//
 // Builders (generic form, inherent attributes as properties)

@@ -13,6 +13,7 @@
 #include "Passes.h"
 #include "Policy.h"
 #include "Report.h"
+#include "Scopes.h"
 #include "StableHLO.h"
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -167,6 +168,19 @@ std::vector<std::string> checkOpNames(const std::string &option,
   return qualified;
 }
 
+/// `PATTERN=CHOICE` entries of the scopes option, checked by the pass's
+/// parser (choice, regular expression) and in canonical spelling, or
+/// ValueError naming the bad entry.
+std::vector<std::string> checkScopes(const std::vector<std::string> &entries) {
+  amp::ScopeOverrides parsed = valueOrRaise(amp::ScopeOverrides::parse(entries));
+  std::vector<std::string> canonical;
+  for (const amp::ScopeRule &rule : parsed.entries())
+    canonical.push_back(
+        rule.pattern + "=" +
+        amp::scopeChoiceNames()[static_cast<int>(rule.choice)].str());
+  return canonical;
+}
+
 /// The loss-scale configuration of `mode` from its fields by name (the
 /// contract's `loss_scale.fields`), checked by the code the pass runs, as
 /// {name: value} in the contract's order with each value of its field's type.
@@ -236,6 +250,7 @@ NB_MODULE(_amp, m) {
   m.def("canonical_option", &canonicalOption, nb::arg("name"),
         nb::arg("value"), nb::arg("target") = "gpu");
   m.def("check_op_names", &checkOpNames, nb::arg("option"), nb::arg("names"));
+  m.def("check_scopes", &checkScopes, nb::arg("entries"));
   m.def("check_pipeline", &checkPipeline, nb::arg("pipeline"));
   m.def("loss_scale_config", &lossScaleConfig, nb::arg("mode"),
         nb::arg("fields"));

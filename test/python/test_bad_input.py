@@ -167,3 +167,32 @@ def test_custom_call_keeps_its_exact_types(capsys, out):
                    r"\(tensor<4x8xf32>\) -> tensor<4x8xf32>", text)
   assert text.count("stablehlo.dot_general") == 2
   assert text.count("-> tensor<4x8xbf16>") >= 1
+
+
+@pytest.mark.parametrize("scope, code, message", [
+    ("hed=f32", 1, r"^\S*head\.mlir: error: invalid option 'scopes': pattern 'hed' matches "
+     r"no scope \(nearest: head\)"),
+    ("he(ad=f32", 2, r"^amp-opt: error: invalid option 'scopes': pattern "
+     r"'he\(ad' is not a regular expression"),
+    ("head=bf16", 2, r"^amp-opt: error: invalid option 'scopes': unknown "
+     r"choice 'bf16' for 'head' \(accepted: f32, compute, f8\)"),
+    ("head=f8", 2, r"^amp-opt: error: invalid option 'scopes': f8 puts a "
+     r"scope's GEMMs in FP8, and policy p=f32,c=bf16,o=f32 has none"),
+    ("head", 2, r"^amp-opt: error: argument --scope: expected PATTERN=CHOICE"),
+])
+def test_a_bad_scope_names_what_is_wrong(capsys, tmp_path, out, scope, code,
+                                         message):
+  path = tmp_path / "head.mlir"
+  path.write_text(
+      'func.func public @main(%w: tensor<8x8xf32>, %x: tensor<4x8xf32>) '
+      '-> tensor<4x8xf32> {\n'
+      '  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : '
+      '(tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32> '
+      'loc("jit(f)/head/dot_general")\n'
+      '  return %0 : tensor<4x8xf32>\n}\n')
+  try:
+    status, _, err = run(capsys, path, "--target", "gpu", "--scope", scope,
+                         "-o", out)
+  except SystemExit as usage:  # argparse's own usage errors
+    status, err = usage.code, capsys.readouterr().err
+  assert_failed_cleanly(status, err, out, code, message)

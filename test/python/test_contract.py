@@ -60,7 +60,7 @@ def test_every_fp8_ineligibility_has_an_id_and_a_text():
   assert set(reasons) == {"dimensions_unreadable", "dynamic_shapes",
                           "batch_dimensions", "size_not_multiple_of_16",
                           "both_e5m2", "contraction_not_multiple_of_32",
-                          "too_small", "kept"}
+                          "too_small", "kept", "scope"}
   assert all(contract.fp8_reason_text(r) for r in reasons)
 
 

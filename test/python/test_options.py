@@ -7,6 +7,7 @@ entry-option table."""
 import inspect
 import re
 
+import jax
 import jax.numpy as jnp
 import optax
 import pytest
@@ -44,7 +45,8 @@ def test_python_writes_no_option_name():
 
 
 def _loss(w, x):
-  return jnp.sum(jnp.tanh(x @ w))
+  with jax.named_scope("layer"):  # what `scopes=` names
+    return jnp.sum(jnp.tanh(x @ w))
 
 
 def _example_value(name: str):
@@ -60,6 +62,8 @@ def _example_value(name: str):
     return ["tanh"]
   if kind == "ints":
     return [0]
+  if kind == "scopes":
+    return {"layer": spec["choices"][0]}
   assert kind == "bool", kind
   return True
 
@@ -99,14 +103,13 @@ def test_every_entry_point_takes_the_same_options(name):
     assert set(measured) <= set(step(step.init(w), x)[1])
   else:
     assert fast(w, x).shape == () and len(vg(w, x)) == 3
-  flag = "--" + name.replace("_", "-")
-  assert flag in cli._build_parser().format_help()
+  assert cli.option_flag(name) in cli._build_parser().format_help()
 
 
 def test_amp_opt_has_a_flag_for_each_option_and_no_other():
   text = cli._build_parser().format_help()
   flags = set(re.findall(r"^  (--[a-z0-9-]+)", text, re.M))
-  options = {"--" + n.replace("_", "-") for n in _user_options(False)}
+  options = {cli.option_flag(n) for n in _user_options(False)}
   assert options <= flags
   own = {"--help", "--output", "--policy", "--calibrate", "--tolerance",
          "--error-measure", "--emit", "--debug-info", "--report",

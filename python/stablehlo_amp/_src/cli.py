@@ -96,6 +96,15 @@ def _build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+def option_flag(name: str) -> str:
+  """The amp-opt flag of rewrite option `name`: ``--dot-result``; a
+  per-scope option takes one entry a flag (``--scope PATTERN=CHOICE``)."""
+  from stablehlo_amp._src import contract
+  if contract.options()[name]["kind"] == "scopes":
+    name = name.removesuffix("s")
+  return "--" + name.replace("_", "-")
+
+
 def _add_option_flags(parser: argparse.ArgumentParser) -> None:
   """A flag per rewrite option of the contract (those amp.transform takes),
   with the pass's help; values are checked by the pass's own parsers, so a
@@ -104,7 +113,7 @@ def _add_option_flags(parser: argparse.ArgumentParser) -> None:
   from stablehlo_amp._src import pipeline as pl
   for name in pl.accepted_options(stateful=False):
     spec = contract.options()[name]
-    flag = "--" + name.replace("_", "-")
+    flag = option_flag(name)
     defaults = spec.get("target_defaults")
     help_text = spec["help"]
     if spec.get("target"):
@@ -128,8 +137,20 @@ def _add_option_flags(parser: argparse.ArgumentParser) -> None:
     elif kind == "ints":
       parser.add_argument(flag, type=_int_list, metavar="N,...",
                           help=help_text + "; comma-separated")
+    elif kind == "scopes":
+      parser.add_argument(flag, dest=name, action="append", default=[],
+                          type=_scope_entry, metavar="PATTERN=CHOICE",
+                          help=help_text + "; repeatable")
     else:
       raise AssertionError(f"no flag for option {name} of kind {kind}")
+
+
+def _scope_entry(text: str) -> tuple[str, str]:
+  pattern, equals, choice = text.rpartition("=")
+  if not equals or not pattern:
+    raise argparse.ArgumentTypeError(
+        f"expected PATTERN=CHOICE, got {text!r}")
+  return pattern, choice
 
 
 def _int_list(text: str) -> list[int]:
@@ -155,6 +176,8 @@ def _option_values(args: argparse.Namespace) -> dict[str, Any]:
     kind = contract.options()[name]["kind"]
     if kind == "op_names":
       value = _split_ops(value) or None
+    elif kind == "scopes":
+      value = _scopes(value) or None
     elif kind == "bool" and isinstance(value, str):
       value = value == "on"
     elif kind == "bool":
@@ -162,6 +185,15 @@ def _option_values(args: argparse.Namespace) -> dict[str, Any]:
     if value is not None:
       values[name] = value
   return values
+
+
+def _scopes(entries: list[tuple[str, str]]) -> dict[str, str]:
+  scopes: dict[str, str] = {}
+  for pattern, choice in entries:
+    if pattern in scopes:
+      raise ValueError(f"--scope {pattern}= given twice")
+    scopes[pattern] = choice
+  return scopes
 
 
 def _split_ops(values: list[str]) -> list[str]:
@@ -243,7 +275,8 @@ def _check_usage(args, parser: argparse.ArgumentParser) -> str | None:
   if args.pass_pipeline is not None:
     names = (_BESIDES_PIPELINE[:1] + tuple(pl.accepted_options(False)) +
              _BESIDES_PIPELINE[1:])
-    given = [f"--{name.replace('_', '-')}" for name in names
+    given = [option_flag(name) if name in pl.accepted_options(False)
+             else f"--{name.replace('_', '-')}" for name in names
              if getattr(args, name) != parser.get_default(name)]
     if given:
       return (f"{', '.join(given)} do{'es' if len(given) == 1 else ''} not "

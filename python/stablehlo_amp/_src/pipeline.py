@@ -221,6 +221,13 @@ class RewriteOptions:
           f"fp8_scaling={self.fp8_scaling!r} scales the operands of FP8 "
           f"GEMMs, and policy {policy} has none: add gemm=f8 (for example "
           "p=f32,c=bf16,o=f32,gemm=f8)")
+    f8 = contract.values("scopes").f8
+    if (any(entry.rpartition("=")[2] == f8 for entry in self.scopes) and
+        policy.gemm == contract.values("gemm").compute):
+      raise ValueError(
+          f"invalid option 'scopes': {f8} puts a scope's GEMMs in FP8, and "
+          f"policy {policy} has none: add gemm=f8 to the policy (for "
+          "example p=f32,c=bf16,o=f32,gemm=f8)")
     compute = dtype_name(policy.compute_dtype)
     named = contract.values("reduce_dtype")
     if reduce not in (named.f32, named.compute, compute):
@@ -241,7 +248,9 @@ class RewriteOptions:
     """The options of `pass_name`, by their pass spellings."""
     table = contract.options()
     return {table[name]["option"]: value for name, value in self.values
-            if table[name]["pass"] == pass_name and table[name]["option"]}
+            if pass_name in (table[name]["pass"],
+                             table[name].get("also_pass")) and
+            table[name]["option"]}
 
   def runs(self, pass_name: str) -> bool:
     """False when an option switches `pass_name` off (rematerialize=False)."""
@@ -268,6 +277,8 @@ def _checked(name: str, spec: Mapping[str, Any], value: Any,
     return _amp.canonical_option(name, _choice_text(name, value), target)
   if kind == "op_names":
     return tuple(_amp.check_op_names(name, list(_names(value, name))))
+  if kind == "scopes":
+    return _scope_entries(name, value)
   if kind == "bool":
     if not isinstance(value, bool):
       raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -293,6 +304,27 @@ def _checked(name: str, spec: Mapping[str, Any], value: Any,
     return values
   raise AssertionError(f"option {name} has a kind Python does not know: "
                        f"{kind}")
+
+
+def _scope_entries(name: str, value: Any) -> tuple[str, ...]:
+  """``{pattern: choice}`` as the pass's ``PATTERN=CHOICE`` entries, each
+  checked by the pass's own parser (the choice, the regular expression)."""
+  if isinstance(value, (tuple, list)) and all(
+      isinstance(v, str) for v in value):
+    return tuple(_amp.check_scopes(list(value)))  # entries already
+  if not isinstance(value, Mapping):
+    raise TypeError(f"{name} must be a dict {{pattern: choice}}, got "
+                    f"{type(value).__name__}")
+  for pattern, choice in value.items():
+    if not isinstance(pattern, str) or not isinstance(choice, str):
+      raise TypeError(f"{name} maps patterns (str) to choices (str), got "
+                      f"{pattern!r}: {choice!r}")
+    if "=" in choice:
+      raise ValueError(f"invalid option '{name}': unknown choice "
+                       f"{choice!r} for '{pattern}' (accepted: "
+                       f"{', '.join(contract.options()[name]['choices'])})")
+  return tuple(_amp.check_scopes([f"{pattern}={choice}"
+                                  for pattern, choice in value.items()]))
 
 
 def _pass_text(name: str, options: dict[str, Any]) -> str:

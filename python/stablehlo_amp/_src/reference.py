@@ -120,7 +120,7 @@ def _option_default(spec: dict) -> str:
 
 def _flag(name: str, spec: dict) -> str:
   if name in pl.accepted_options(stateful=False):
-    return _code("--" + name.replace("_", "-"))
+    return _code(cli.option_flag(name))
   return "–"
 
 

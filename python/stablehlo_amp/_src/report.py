@@ -27,11 +27,13 @@ _LIBRARY_PATHS = ("/stablehlo_amp/", "/jax/", "/jaxlib/", "/flax/", "/optax/",
 # Frames of these are not even where a library's op is.
 _OWN_PATHS = ("/stablehlo_amp/", "/jax/", "/jaxlib/")
 # JAX's transformation wrappers in op names, and the names of the functions
-# the driver traces: neither is a scope the user wrote.
-_WRAPPER = re.compile(r"^(?:jit|pjit|jvp|transpose|vmap|remat|checkpoint|"
-                      r"custom_jvp_call|custom_vjp_call|xla_call)\((.*)\)$")
-_DRIVER_NAMES = frozenset({"", "main", "module_fn", "_traced", "fun",
-                           "flat_fun", "amp_module_call"})
+# the driver traces: neither is a scope the user wrote. The contract's
+# (passes/Scopes.cpp), so the `scopes=` option matches what `scope` says.
+_SCOPE_PATH = contract.document()["scope_path"]
+_WRAPPER = re.compile(r"^(?:" + "|".join(map(re.escape,
+                                             _SCOPE_PATH["wrappers"]))
+                      + r")\((.*)\)$")
+_DRIVER_NAMES = frozenset({"", *_SCOPE_PATH["driver_names"]})
 # The phases of a training step, in report order.
 PHASES = ("forward", "backward", "optimizer")
 # Ops that follow their neighbours and would swamp the headline counts.
@@ -140,8 +142,13 @@ class OpDecision(Located):
 
   @property
   def reason(self) -> str:
-    """The reason as people read it ("sum reduction" details included)."""
+    """The reason as people read it ("sum reduction" details included,
+    "kept f32 by scopes['head']", "precision=HIGHEST requested at
+    model.py:12")."""
     text = contract.reason_text(self.reason_id)
+    if "{detail}" in text or "{where}" in text:
+      return text.replace("{detail}", self.detail).replace(
+          "{where}", self.where)
     return f"{text} ({self.detail})" if self.detail else text
 
 
