@@ -16,6 +16,9 @@ from stablehlo_amp._src import contract
 from stablehlo_amp._src import hlo
 from stablehlo_amp._src import survival
 
+# XLA's name of the f32 element type (an HLO dtype, not a precision id).
+_XLA_F32 = "f32"
+
 
 # A frame in an MLIR location: "file":line:col.
 _FRAME = re.compile(r'"([^"]+)":(\d+):\d+')
@@ -577,7 +580,8 @@ class Report:
           "no decision of ours"
       # A low op's value moved in f32: on CPU that is XLA's doing, not the
       # decision's (docs/sharding.md).
-      if self.target == "cpu" and c.dtype == "f32" and c.precision == LOW:
+      if (self.target == contract.values("target").cpu and c.dtype == _XLA_F32
+          and c.precision == LOW):
         why += " (XLA:CPU runs bf16 collectives in f32)"
       lines.append(f"    {c.kind} {c.dtype} {_mib(c.bytes)} "
                    f"({c.count}x) for {c.op or '?'}: {why}")

@@ -731,15 +731,13 @@ class TrainStep(_LossScaledProgram):
 
   @property
   def skips_nonfinite(self) -> bool:
-    """Whether a step whose gradients (or new state) are not finite is
-    skipped: with a loss scale, or skip_nonfinite=True. Without either it
-    is applied, as in a plain JAX step."""
+    """Whether a non-finite step is skipped (a loss scale, skip_nonfinite)
+    or applied, as in a plain JAX step."""
     return self._watch.scaled or self._options.skip_nonfinite
 
   @property
   def fp8_fallbacks(self) -> tuple[numerics.Fp8FallbackEvent, ...]:
-    """The GEMMs `fp8_fallback` moved to the compute dtype so far, each
-    with the step after which it moved and the statistics that moved it."""
+    """The GEMMs `fp8_fallback` moved so far, when, and on what figures."""
     return tuple(self._fp8_watch.events) if self._fp8_watch else ()
 
   def init(self, params: Any, model_state: Any = None, *,
@@ -830,20 +828,8 @@ class TrainStep(_LossScaledProgram):
     state = state._replace(**dict(zip(
         ts.CARRIED, ts.keep_shardings(tuple(getattr(state, f) for f in
                                             ts.CARRIED), shardings))))
-    finite = fields["loss_scale"].grads_finite(
-        ts.appended_results(program, extra)["loss_scale"])
-    # skip_nonfinite: the program also kept the old state when the new one
-    # was not finite (its last appended result says whether it was).
-    state_finite = (extra[program.extra_out_roles.index(
-        contract.attribute("state_finite"))]
-                    if self._options.skip_nonfinite else None)
-    kept = finite if state_finite is None else finite & state_finite
-    # Without a loss scale the program skips nothing unless skip_nonfinite
-    # asks (amp-loss-scale keeps the old state only then).
-    if fields["loss_scale"].mode != "none" or state_finite is not None:
-      state = state._replace(skipped_steps=state.skipped_steps + jnp.where(
-          kept, 0, 1).astype(jnp.int32))
-      self._watch.watch(kept, loss, state.loss_scale, state.skipped_steps)
+    state, finite, state_finite = _count_skip(self, program, fields, extra,
+                                              state, loss)
     metrics = {"loss": loss, "grads_finite": finite,
                "loss_scale": jnp.asarray(state.loss_scale.loss_scale,
                                          jnp.float32),
@@ -854,6 +840,26 @@ class TrainStep(_LossScaledProgram):
     if self.has_aux:
       metrics["aux"] = aux
     return state, metrics
+
+
+def _count_skip(step: TrainStep, program, fields: dict, extra, state,
+                loss) -> tuple:
+  """The step's state with a skipped step counted, whether its gradients
+  were finite, and with skip_nonfinite whether its new state was (the
+  program's last appended result; else None). Without a loss scale the
+  program skips nothing unless skip_nonfinite asks (amp-loss-scale keeps
+  the old state only then), and nothing is counted."""
+  finite = fields["loss_scale"].grads_finite(
+      ts.appended_results(program, extra)["loss_scale"])
+  state_finite = (extra[program.extra_out_roles.index(
+      contract.attribute("state_finite"))]
+                  if step._options.skip_nonfinite else None)
+  kept = finite if state_finite is None else finite & state_finite
+  if fields["loss_scale"].mode != "none" or state_finite is not None:
+    state = state._replace(skipped_steps=state.skipped_steps + jnp.where(
+        kept, 0, 1).astype(jnp.int32))
+    step._watch.watch(kept, loss, state.loss_scale, state.skipped_steps)
+  return state, finite, state_finite
 
 
 def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
