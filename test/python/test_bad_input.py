@@ -170,7 +170,7 @@ def test_custom_call_keeps_its_exact_types(capsys, out):
 
 
 @pytest.mark.parametrize("scope, code, message", [
-    ("hed=f32", 1, r"^\S*head\.mlir: error: invalid option 'scopes': pattern 'hed' matches "
+    ("hed=f32", 2, r"^\S*head\.mlir: error: invalid option 'scopes': pattern 'hed' matches "
      r"no scope \(nearest: head\)"),
     ("he(ad=f32", 2, r"^amp-opt: error: invalid option 'scopes': pattern "
      r"'he\(ad' is not a regular expression"),
