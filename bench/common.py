@@ -345,10 +345,7 @@ def make_moe(config: MoEConfig, eval_batches: int = 8, seed: int = 0,
              learning_rate: float = 3e-3) -> Model:
   """The MoE LM on the LM's data: `seed` picks the initial parameters and
   the order of the training windows."""
-  tokens = _lm_tokens(config.vocab)
-  cut = int(len(tokens) * 0.9)
-  train, held = tokens[:cut], tokens[cut:]
-  held_iter = window_batches(held, config.batch, config.seq, seed=1)
+  _, train, held_out = _lm_data(config, eval_batches, seed)
   return Model(
       name="moe",
       description=(f"MoE LM: {config.layers} layers, d_model "
@@ -357,10 +354,7 @@ def make_moe(config: MoEConfig, eval_batches: int = 8, seed: int = 0,
                    f"adam {learning_rate}"),
       params=moe_init(jax.random.key(seed), config),
       loss=lambda p, b, **kw: moe_loss(p, b, config, **kw),
-      optimizer=optax.adam(learning_rate),
-      train=window_batches(train, config.batch, config.seq,
-                           seed=_train_seed(seed)),
-      held_out=[next(held_iter) for _ in range(eval_batches)],
+      optimizer=optax.adam(learning_rate), train=train, held_out=held_out,
       seed=seed)
 
 
@@ -463,13 +457,21 @@ def _lm_tokens(vocab: int) -> np.ndarray:
   return byte_pair_tokens(corpus_bytes(), vocab)
 
 
+def _lm_data(config, eval_batches: int, seed: int) -> tuple:
+  """The LM corpus's tokens, seed `seed`'s training windows (90% of it) and
+  `eval_batches` held-out windows (the rest, the same for every seed)."""
+  tokens = _lm_tokens(config.vocab)
+  cut = int(len(tokens) * 0.9)
+  held_iter = window_batches(tokens[cut:], config.batch, config.seq, seed=1)
+  return (tokens, window_batches(tokens[:cut], config.batch, config.seq,
+                                 seed=_train_seed(seed)),
+          [next(held_iter) for _ in range(eval_batches)])
+
+
 def make_lm(config: lm.Config, eval_batches: int = 8, seed: int = 0) -> Model:
   """`seed` picks the initial parameters and the order of the training
   windows; the held-out windows are the same for every seed."""
-  tokens = _lm_tokens(config.vocab)
-  cut = int(len(tokens) * 0.9)
-  train, held = tokens[:cut], tokens[cut:]
-  held_iter = window_batches(held, config.batch, config.seq, seed=1)
+  tokens, train, held_out = _lm_data(config, eval_batches, seed)
   return Model(
       name="lm",
       description=(f"transformer LM: {config.layers} layers, d_model "
@@ -479,11 +481,8 @@ def make_lm(config: lm.Config, eval_batches: int = 8, seed: int = 0) -> Model:
                    f"adam {config.learning_rate}"),
       params=lm_init(jax.random.key(seed), config),
       loss=lambda p, b, **kw: lm_loss(p, b, config, **kw),
-      optimizer=optax.adam(config.learning_rate),
-      train=window_batches(train, config.batch, config.seq,
-                           seed=_train_seed(seed)),
-      held_out=[next(held_iter) for _ in range(eval_batches)],
-      seed=seed)
+      optimizer=optax.adam(config.learning_rate), train=train,
+      held_out=held_out, seed=seed)
 
 
 def make_mlp(config: MLPConfig, eval_batches: int = 8, seed: int = 0) -> Model:
