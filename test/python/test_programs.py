@@ -264,7 +264,11 @@ class Run:
 def run(name: str, policy: str) -> Run:
   program = PROGRAMS_BY_NAME[name]
   args = program.make_args()
-  fast = amp.transform(program.fn, policy)
+  # A program with discrete decisions is checked for the promise of
+  # decisions="exact": its integer outputs equal f32's. The default ("gate")
+  # has its own tests (test_priced_defaults.py, test_corpus_decisions.py).
+  options = {"decisions": "exact"} if program.decisions else {}
+  fast = amp.transform(program.fn, policy, **options)
   lowered = fast.lower(*args)
   report = lowered.report()
   assert report is not None, "the rewrite fell back to the original program"
