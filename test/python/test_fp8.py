@@ -228,6 +228,7 @@ def test_delayed_scaling_is_for_train_step():
                                      {"fp8_scaling": "current",
                                       "amax_history": 8}])
 def test_fp8_options_without_fp8_gemms_are_an_error(options):
-  with pytest.raises(ValueError, match=r"configures? FP8 GEMMs, and policy "
-                     r"p=f32,c=bf16,o=f32 has none: add gemm=f8"):
+  with pytest.raises(ValueError, match=r"(configures?|scales the operands "
+                     r"of) FP8 GEMMs, and policy p=f32,c=bf16,o=f32 has "
+                     r"none: add gemm=f8"):
     amp.train_step(_loss, optax.sgd(0.1), "p=f32,c=bf16,o=f32", **options)

@@ -261,14 +261,18 @@ class Run:
 
 
 @functools.cache
+def _exact(program: Program) -> dict:
+  """A program with discrete decisions is checked for the promise of
+  decisions="exact": its integer outputs equal f32's, what feeds them is
+  kept. The default ("gate") has its own tests (test_priced_defaults.py,
+  test_corpus_decisions.py)."""
+  return {"decisions": "exact"} if program.decisions else {}
+
+
 def run(name: str, policy: str) -> Run:
   program = PROGRAMS_BY_NAME[name]
   args = program.make_args()
-  # A program with discrete decisions is checked for the promise of
-  # decisions="exact": its integer outputs equal f32's. The default ("gate")
-  # has its own tests (test_priced_defaults.py, test_corpus_decisions.py).
-  options = {"decisions": "exact"} if program.decisions else {}
-  fast = amp.transform(program.fn, policy, **options)
+  fast = amp.transform(program.fn, policy, **_exact(program))
   lowered = fast.lower(*args)
   report = lowered.report()
   assert report is not None, "the rewrite fell back to the original program"
@@ -375,7 +379,10 @@ def test_no_value_converted_twice_to_one_type(program: Program, policy: str):
 def test_rewrite_module_targets(program: Program, policy: str, target: str):
   """`amp.rewrite_module` on the f32 module text, per target: convolutions
   lowered on GPU and kept f32 on CPU; the other contracts hold on both."""
-  result = amp.rewrite_module(f32_text(program.name), policy, target=target)
+  # (dot_result="f32": the checks below read convolution results as f32;
+  # the gpu default, bf16 results, is test_priced_defaults.py's.)
+  result = amp.rewrite_module(f32_text(program.name), policy, target=target,
+                              dot_result="f32", **_exact(program))
   module = parse_and_verify(result.text())
   compute = compute_dtype_name(policy)
   conv_type = compute if target == "gpu" else "f32"
@@ -424,8 +431,10 @@ def check_dots(module: ir.Module, report: amp.Report, program: Program,
   kept = [d for d in report.decisions
           if d.op == "stablehlo.dot_general" and d.precision == "f32"]
   assert len(kept) == program.kept_dots
+  # (jnp.linalg's solves ask for precision=HIGHEST, honoured as such.)
   assert {d.reason_id for d in kept} <= {"discrete_decision",
-                                         "linear_algebra"}, kept
+                                         "linear_algebra",
+                                         "precision_requested"}, kept
 
 
 def missing_decisions(report: amp.Report, program: Program) -> list:
@@ -452,7 +461,7 @@ def test_exported_module_keeps_decisions(program: Program, policy: str):
   of modules docs/amp-opt.md names; amp.transform lowers with jax.jit): the same dots
   lowered and kept, for the same reasons."""
   result = amp.rewrite_module(exported_text(program.name), policy,
-                              target="cpu")
+                              target="cpu", **_exact(program))
   module = parse_and_verify(result.text())
   check_dots(module, result.report, program, policy)
   assert missing_decisions(result.report, program) == []
@@ -614,7 +623,7 @@ def check_integer_outputs(program: Program, args: tuple, outputs,
 def test_transformed_call_equals_compiled(program: Program, policy: str):
   """`fast(*args)`, the user's path, runs the executable the checks saw."""
   r = run(program.name, policy)
-  fast = amp.transform(program.fn, policy)
+  fast = amp.transform(program.fn, policy, **_exact(program))
   for got, want in zip(jax.tree_util.tree_leaves(fast(*r.args)),
                        jax.tree_util.tree_leaves(r.compiled(*r.args))):
     assert got.dtype == want.dtype
