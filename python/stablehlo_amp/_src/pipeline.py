@@ -698,8 +698,9 @@ def rewrite(mlir_text: str | bytes,
     func.func public @main(%arg0: tensor<8x8xf32>, %arg1: tensor<4x8xf32>) -> (tensor<4x8xf32> {jax.result_info = "result"}) {
       %0 = stablehlo.convert %arg0 : (tensor<8x8xf32>) -> tensor<8x8xbf16>
       %1 = stablehlo.convert %arg1 : (tensor<4x8xf32>) -> tensor<4x8xbf16>
-      %2 = stablehlo.dot_general %1, %0, contracting_dims = [1] x [0], precision = [DEFAULT, DEFAULT] : (tensor<4x8xbf16>, tensor<8x8xbf16>) -> tensor<4x8xf32>
-      return %2 : tensor<4x8xf32>
+      %2 = stablehlo.dot_general %1, %0, contracting_dims = [1] x [0], precision = [DEFAULT, DEFAULT] : (tensor<4x8xbf16>, tensor<8x8xbf16>) -> tensor<4x8xbf16>
+      %3 = stablehlo.convert %2 : (tensor<4x8xbf16>) -> tensor<4x8xf32>
+      return %3 : tensor<4x8xf32>
     }
   }
   <BLANKLINE>
