@@ -3,7 +3,7 @@
 // dequantized operands feed the dot.
 // UNSUPPORTED: mx-composite
 
-// RUN: amp-opt %s --target gpu --fp8-min-size 0 --policy p=f32,c=bf16,o=f32,gemm=f8 --fp8-scaling mxfp8 | FileCheck %s
+// RUN: amp-opt %s --target gpu --dot-result f32 --fp8-min-size 0 --policy p=f32,c=bf16,o=f32,gemm=f8 --fp8-scaling mxfp8 | FileCheck %s
 // CHECK-NOT: composite
 // CHECK: stablehlo.convert {{.*}} -> tensor<32x2x32xf8E4M3FN>
 // CHECK: stablehlo.dot_general {{.*}} : (tensor<32x64xbf16>, tensor<16x64xbf16>) -> tensor<32x16xf32>
