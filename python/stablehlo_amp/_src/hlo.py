@@ -712,6 +712,17 @@ def _dims(text: str) -> tuple[int, ...]:
   return tuple(int(d) for d in re.findall(r"\d+", text))
 
 
+def _per_output(ins: Instruction, kernel: Shape) -> int:
+  """A convolution's multiply-adds per output element: its kernel's
+  elements per output feature (`dim_labels`' kernel part names it `o`)."""
+  labels = ins.attributes.get("dim_labels", "")
+  kernel_labels = labels.split("_")[1].split("->")[0] if "_" in labels else ""
+  per_output = math.prod(kernel.dims)
+  if "o" in kernel_labels and len(kernel_labels) == len(kernel.dims):
+    per_output //= max(kernel.dims[kernel_labels.index("o")], 1)
+  return per_output
+
+
 def _instruction_flops(computation: Computation, ins: Instruction
                        ) -> dict[str, int]:
   """2 * M * N * K of a dot (K the product of the lhs contracting
@@ -727,12 +738,7 @@ def _instruction_flops(computation: Computation, ins: Instruction
   if ins.opcode == "convolution":
     if len(shapes) < 2 or shapes[1] is None:
       return {}
-    labels = ins.attributes.get("dim_labels", "")
-    kernel_labels = labels.split("_")[1].split("->")[0] if "_" in labels else ""
-    per_output = math.prod(shapes[1].dims)
-    if "o" in kernel_labels and len(kernel_labels) == len(shapes[1].dims):
-      per_output //= max(shapes[1].dims[kernel_labels.index("o")], 1)
-    return {cls: 2 * outputs * per_output}
+    return {cls: 2 * outputs * _per_output(ins, shapes[1])}
   contracting = _dims(ins.attributes.get("lhs_contracting_dims", ""))
   k = math.prod(shapes[0].dims[d] for d in contracting
                 if d < len(shapes[0].dims))
@@ -759,12 +765,7 @@ def _custom_call_flops(computation: Computation, ins: Instruction
                   if d < len(shapes[0].dims))
     return {cls: 2 * math.prod(result.dims) * k}
   if "conv" in target and len(shapes) > 1 and shapes[1] is not None:
-    labels = ins.attributes.get("dim_labels", "")
-    kernel_labels = labels.split("_")[1].split("->")[0] if "_" in labels else ""
-    per_output = math.prod(shapes[1].dims)
-    if "o" in kernel_labels and len(kernel_labels) == len(shapes[1].dims):
-      per_output //= max(shapes[1].dims[kernel_labels.index("o")], 1)
-    return {cls: 2 * math.prod(result.dims) * per_output}
+    return {cls: 2 * math.prod(result.dims) * _per_output(ins, shapes[1])}
   return {}
 
 
