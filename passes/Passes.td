@@ -214,15 +214,17 @@ def AmpRematerializePass : Pass<"amp-rematerialize", "::mlir::ModuleOp"> {
 
     In program order, each residual of at least `min-elements` elements
     made by an elementwise op (or a broadcast or reshape) is recomputed
-    right before its first backward reader, when all its recomputation
-    reads is kept for the backward pass anyway: a kept residual, a value at
-    least 64 times smaller, a constant, or a value from outside its block.
-    Anything else (a matrix multiply, a large reduction, a value stored
-    low) stops it, and so does a residual made from arguments alone. A
-    recomputation is at most `max-ops` ops; residuals first read by the
-    same op share one. It reads its leaves through one
-    `stablehlo.optimization_barrier`, so XLA's CSE does not merge it back
-    into the forward pass.
+    right before its first backward reader when the recomputation is free:
+    every backward reader fuses it (an elementwise op, a reduction, a
+    transpose; not a matrix multiply), and all it reads is written anyway:
+    a kept residual, a matrix multiply's or stored value no larger than
+    the residual, a value at least 64 times smaller that no reduction
+    makes (a reduction's result lives inside XLA's fused normalization),
+    a constant, or a value from outside its block. A residual made from
+    arguments alone is kept. A recomputation is at most `max-ops` ops;
+    residuals first read by the same op share one. It reads its leaves
+    through one `stablehlo.optimization_barrier`, so XLA's CSE does not
+    merge it back into the forward pass.
 
     Before (a GELU-like residual, `%t` read by the backward pass):
     ```mlir

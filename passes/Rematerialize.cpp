@@ -3,9 +3,10 @@
 // amp-rematerialize: the backward pass of a training step reads values of
 // the forward pass, its residuals, and XLA keeps each of them in memory from
 // the forward pass to its last reader. A residual that elementwise ops make
-// from values the backward pass keeps anyway (other residuals, statistics,
-// constants, arguments) need not be kept: it is recomputed right before its
-// first reader in the backward pass. The recomputation reads those values
+// from values written anyway (other residuals, matrix multiply results,
+// small values, constants) need not be kept: it is recomputed right before
+// its first reader in the backward pass, where every reader fuses it, so
+// that it costs no kernel and no bytes. The recomputation reads those values
 // through an optimization barrier, which stops XLA's common-subexpression
 // elimination from merging it back into the forward pass (jax.checkpoint
 // does the same). ResidualPlan decides; the pass applies.
@@ -73,11 +74,21 @@ private:
   residualsOf(Block &block) const;
   /// Whether `cone` (of a residual of `size` elements in `block`) reads
   /// only what the backward pass keeps anyway (`kept`).
-  bool readsKept(const Cone &cone, int64_t size, Block &block,
+  bool readsKept(Value residual, const Cone &cone, Block &block,
                  const llvm::DenseSet<Value> &kept) const;
+  bool writtenAnyway(Value root, Value residual) const;
+  bool fusesIntoReaders(Value residual) const;
   Cone coneOf(Value value) const;
   bool isSmall(Value value, int64_t than) const;
 };
+
+std::optional<int64_t> byteSize(Type type) {
+  auto shaped = dyn_cast<ShapedType>(type);
+  if (!shaped || !shaped.hasStaticShape() || !shaped.getElementType().isIntOrFloat())
+    return std::nullopt;
+  return shaped.getNumElements() *
+         llvm::divideCeil(shaped.getElementTypeBitWidth(), 8);
+}
 
 std::optional<int64_t> elementsOf(Value value) {
   return shlo::getFloatElementType(value.getType())
@@ -107,9 +118,15 @@ ResidualPlan::ResidualPlan(ModuleOp module, int64_t minElements,
   module.walk([&](Block *block) { planBlock(*block); });
 }
 
-/// A root much smaller than what it helps recompute (a per-row statistic,
-/// a scale) costs nothing to keep.
+/// A root much smaller than what it helps recompute (a scale, a bias)
+/// costs nothing to keep. A reduction's result is not such a root: XLA
+/// fuses a normalization (a reduction and the elementwise ops that read
+/// it, as in a layer norm or a softmax) into one kernel that writes only
+/// its last value, and a barrier that reads the statistic splits it.
 bool ResidualPlan::isSmall(Value value, int64_t than) const {
+  if (Operation *producer = value.getDefiningOp();
+      producer && shlo::is(producer, "reduce"))
+    return false;
   std::optional<int64_t> elements = shlo::numElements(value.getType());
   return elements && (*elements < minElements || *elements * 64 <= than);
 }
@@ -169,8 +186,9 @@ ResidualPlan::residualsOf(Block &block) const {
   return inOrder;
 }
 
-bool ResidualPlan::readsKept(const Cone &cone, int64_t size, Block &block,
+bool ResidualPlan::readsKept(Value residual, const Cone &cone, Block &block,
                              const llvm::DenseSet<Value> &kept) const {
+  int64_t size = *elementsOf(residual);
   // A residual made from arguments alone (a parameter's compute-dtype
   // copy) is kept: recomputing it puts a barrier on the argument, which
   // costs XLA temporaries and saves nothing (docs/DESIGN.md,
@@ -181,8 +199,39 @@ bool ResidualPlan::readsKept(const Cone &cone, int64_t size, Block &block,
   return cone.complete && llvm::all_of(cone.roots, [&](Value root) {
            Operation *producer = root.getDefiningOp();
            return !producer || producer->getBlock() != &block ||
-                  kept.contains(root) || isSmall(root, size);
+                  kept.contains(root) || isSmall(root, size) ||
+                  writtenAnyway(root, residual);
          });
+}
+
+/// A recomputation pays only where XLA fuses it into the kernel of each
+/// backward reader: an elementwise op, a reduction or a transpose. A
+/// matrix multiply would read it from memory, written by a kernel of its
+/// own, which costs what keeping it saves.
+bool ResidualPlan::fusesIntoReaders(Value residual) const {
+  Block *block = residual.getParentBlock();
+  return llvm::all_of(residual.getUsers(), [&](Operation *user) {
+    Operation *reader = block->findAncestorOpInBlock(*user);
+    if (!reader || !readsBackward(reader, backward))
+      return true;
+    return reader == user && (shlo::isElementwiseOrBroadcast(user) ||
+                              shlo::is(user, "reduce") ||
+                              shlo::is(user, "transpose"));
+  });
+}
+
+/// A matrix multiply's result, a custom call's or a stored value (behind
+/// its barrier) is written to memory by its own kernel whatever the
+/// backward pass does, so keeping it costs its bytes and no kernel. It
+/// serves as a leaf when it takes no more bytes than the residual.
+bool ResidualPlan::writtenAnyway(Value root, Value residual) const {
+  Operation *producer = root.getDefiningOp();
+  if (!shlo::isDotGeneral(producer) && !shlo::isConvolution(producer) &&
+      !shlo::isCustomCall(producer) && !shlo::isOptimizationBarrier(producer))
+    return false;
+  std::optional<int64_t> rootBytes = byteSize(root.getType());
+  std::optional<int64_t> residualBytes = byteSize(residual.getType());
+  return rootBytes && residualBytes && *rootBytes <= *residualBytes;
 }
 
 void ResidualPlan::planBlock(Block &block) {
@@ -197,11 +246,9 @@ void ResidualPlan::planBlock(Block &block) {
       continue;
     }
     Cone cone = coneOf(residual);
-    if (!readsKept(cone, *elementsOf(residual), block, kept)) {
-      if (cone.complete)
-        kept.insert(cone.roots.begin(), cone.roots.end());
-      else
-        kept.insert(residual);
+    if (!readsKept(residual, cone, block, kept) ||
+        !fusesIntoReaders(residual)) {
+      kept.insert(residual);
       continue;
     }
     Recomputation plan;

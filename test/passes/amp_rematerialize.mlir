@@ -1,8 +1,10 @@
 // amp-rematerialize alone: residuals of the backward pass (values of the
 // forward pass that ops derived from the loss seed read) that elementwise
-// ops make from kept residuals, small values or constants are recomputed
-// before their first backward reader, from leaves held by an optimization
-// barrier; anything else is kept.
+// ops make from kept residuals, matrix multiply results, small values or
+// constants are recomputed before their first backward reader, from leaves
+// held by an optimization barrier, when every backward reader fuses the
+// recomputation (an elementwise op, a reduction, a transpose); anything
+// else is kept.
 //
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-rematerialize)' | FileCheck %s
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-rematerialize{max-ops=1})' | FileCheck %s --check-prefix=ONEOP
@@ -54,22 +56,20 @@ func.func public @gelu(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %v: tensor
 
 // -----
 
-// Softmax: the backward pass reads the exponential e of a matrix multiply's
-// result d, as it is: d is what XLA keeps for it (or e itself). The
-// normalised probabilities are recomputed from d and the row sums (64 times
-// smaller or less): the exponential again, then the division.
+// Softmax: the backward pass reads the exponential e and the normalised
+// probabilities p. The row sums are a reduction's result: XLA fuses the
+// softmax into one kernel that writes p alone, and a barrier on the sums
+// would split it. p is kept; e is recomputed from d (written by its matrix
+// multiply anyway).
 
 // CHECK-LABEL: func.func public @softmax(
 // CHECK: %[[D:.*]] = stablehlo.dot_general
 // CHECK: %[[E:.*]] = stablehlo.exponential %[[D]]
-// CHECK: %[[S:.*]] = stablehlo.reduce(%[[E]]
 // CHECK: %[[P:.*]] = stablehlo.divide %[[E]], %{{.*}}
-// CHECK: %[[HELD:.*]]:2 = stablehlo.optimization_barrier %[[D]], %[[S]] : tensor<64x128xf32>, tensor<64xf32>
-// CHECK-NEXT: %[[E2:.*]] = stablehlo.exponential %[[HELD]]#0
-// CHECK-NEXT: %[[B2:.*]] = stablehlo.broadcast_in_dim %[[HELD]]#1
-// CHECK-NEXT: %[[P2:.*]] = stablehlo.divide %[[E2]], %[[B2]]
-// CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[P2]]
-// CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[E]]
+// CHECK: stablehlo.multiply %{{.*}}, %[[P]]
+// CHECK-NEXT: %[[HELD:.*]] = stablehlo.optimization_barrier %[[D]] : tensor<64x128xf32>
+// CHECK-NEXT: %[[E2:.*]] = stablehlo.exponential %[[HELD]]
+// CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[E2]]
 func.func public @softmax(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x128xf32>, tensor<64x128xf32>) {
   %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
   %e = stablehlo.exponential %d : tensor<64x128xf32>
@@ -101,13 +101,15 @@ func.func public @no_seed(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %s: ten
 
 // -----
 
-// A residual made from a large value the backward pass keeps for nothing
-// else (a matrix multiply's result, read only by the forward pass) is kept
-// itself.
+// A residual made from a large value that its own kernel writes anyway (a
+// matrix multiply's result, read only by the forward pass) is recomputed
+// from it: keeping u instead of t costs the same bytes, and t is never
+// written.
 
 // CHECK-LABEL: func.func public @needs_unkept(
-// CHECK-NOT: stablehlo.optimization_barrier
-// CHECK: return
+// CHECK: %[[U:.*]] = stablehlo.dot_general
+// CHECK: %[[HELD:.*]] = stablehlo.optimization_barrier %[[U]]
+// CHECK-NEXT: stablehlo.tanh %[[HELD]]
 func.func public @needs_unkept(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> tensor<64x128xf32> {
   %u = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
   %t = stablehlo.tanh %u : tensor<64x128xf32>
@@ -133,4 +135,42 @@ func.func public @argument_cast(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %
   %dy = stablehlo.convert %dyf : (tensor<64x128xf32>) -> tensor<64x128xbf16>
   %dx = stablehlo.dot_general %dy, %wl, contracting_dims = [1] x [1] : (tensor<64x128xbf16>, tensor<64x128xbf16>) -> tensor<64x64xf32>
   return %u, %dx : tensor<64x128xf32>, tensor<64x64xf32>
+}
+
+// -----
+
+// A residual read by the backward pass's matrix multiply (a weight
+// gradient) is kept, though u is written anyway: the matrix multiply does
+// not fuse its recomputation, which would be a kernel of its own.
+
+// CHECK-LABEL: func.func public @dot_reader(
+// CHECK-NOT: stablehlo.optimization_barrier
+// CHECK: return
+func.func public @dot_reader(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %v: tensor<128x64xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x64xf32>, tensor<128x64xf32>) {
+  %u = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %t = stablehlo.tanh %u : tensor<64x128xf32>
+  %y = stablehlo.dot_general %t, %v, contracting_dims = [1] x [0] : (tensor<64x128xf32>, tensor<128x64xf32>) -> tensor<64x64xf32>
+  %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x64xf32>
+  %dv = stablehlo.dot_general %t, %dy, contracting_dims = [0] x [0] : (tensor<64x128xf32>, tensor<64x64xf32>) -> tensor<128x64xf32>
+  return %y, %dv : tensor<64x64xf32>, tensor<128x64xf32>
+}
+
+// -----
+
+// A residual made from a reduction's result (a mean subtracted, read by an
+// elementwise op of the backward pass) is kept: XLA fuses the reduction
+// and its readers into one kernel, which a barrier on the mean would split.
+
+// CHECK-LABEL: func.func public @statistic_leaf(
+// CHECK-NOT: stablehlo.optimization_barrier
+// CHECK: return
+func.func public @statistic_leaf(%x: tensor<64x128xf32>, %w: tensor<128x64xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x64xf32>, tensor<64x128xf32>) {
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %s = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
+  %c = stablehlo.subtract %x, %sb : tensor<64x128xf32>
+  %y = stablehlo.dot_general %c, %w, contracting_dims = [1] x [0] : (tensor<64x128xf32>, tensor<128x64xf32>) -> tensor<64x64xf32>
+  %dyf = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
+  %dc = stablehlo.multiply %dyf, %c : tensor<64x128xf32>
+  return %y, %dc : tensor<64x64xf32>, tensor<64x128xf32>
 }
