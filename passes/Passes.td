@@ -220,7 +220,9 @@ def AmpRematerializePass : Pass<"amp-rematerialize", "::mlir::ModuleOp"> {
     a kept residual, a matrix multiply's or stored value no larger than
     the residual, a value at least 64 times smaller that no reduction
     makes (a reduction's result lives inside XLA's fused normalization),
-    a constant, or a value from outside its block. A residual made from
+    a constant, or a value from outside its block. A row max (softmax's)
+    is recomputed with its readers: a maximum is exact in any order. A
+    residual made from
     arguments alone is kept. A recomputation is at most `max-ops` ops;
     residuals first read by the same op share one. It reads its leaves
     through one `stablehlo.optimization_barrier`, so XLA's CSE does not

@@ -16,6 +16,7 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/BuiltinTypes.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 using namespace mlir;
 using namespace mlir::amp;
@@ -666,6 +667,47 @@ bool PrecisionAnalysis::mayStoreLow(
   return lastUse - madeAfter >= 1;
 }
 
+/// A value divided by its own sum (softmax's exponential), on a GPU, over
+/// rows of a power-of-two length: XLA:GPU fuses the sum and the division
+/// with the value's producer into one Triton kernel, which storing the
+/// value would split; the quotient is stored instead. Over other rows (a
+/// ViT's 197 tokens) XLA writes the exponential from one kernel and sums it
+/// in another anyway, and storing it makes that write bf16 (docs/DESIGN.md,
+/// "Decisions with a price").
+bool PrecisionAnalysis::dividedByItsOwnSum(Value value) const {
+  if (opts.target != Target::Gpu)
+    return false;
+  auto rowsFuse = [&](Operation *sum) {
+    auto reduced = sum->getAttrOfType<DenseI64ArrayAttr>("dimensions");
+    auto type = dyn_cast<ShapedType>(value.getType());
+    if (!reduced || !type || !type.hasStaticShape())
+      return false;
+    int64_t row = 1;
+    for (int64_t dim : reduced.asArrayRef())
+      row *= type.getDimSize(dim);
+    return llvm::isPowerOf2_64(row);
+  };
+  llvm::SmallPtrSet<Operation *, 2> sums;
+  for (Operation *user : value.getUsers())
+    if (shlo::is(user, "reduce") && decision(user).cls == OpClass::Deny &&
+        rowsFuse(user))
+      sums.insert(user);
+  if (sums.empty())
+    return false;
+  // The divisor: a sum, through the reshapes and broadcasts of keepdims.
+  auto isSum = [&](Value divisor) {
+    Operation *def = divisor.getDefiningOp();
+    while (def && (shlo::is(def, "broadcast_in_dim") || shlo::is(def, "reshape")))
+      def = def->getOperand(0).getDefiningOp();
+    return def && sums.contains(def);
+  };
+  return llvm::any_of(value.getUses(), [&](OpOperand &use) {
+    Operation *user = use.getOwner();
+    return shlo::is(user, "divide") && use.getOperandNumber() == 0 &&
+           isSum(user->getOperand(1));
+  });
+}
+
 /// Elementwise arithmetic without transcendentals, and data movement.
 bool PrecisionAnalysis::isCheapToRebuild(Operation *op) const {
   const OpDecision &d = decision(op);
@@ -772,7 +814,7 @@ void PrecisionAnalysis::decideStorage() {
       rebuildable.insert(op->result_begin(), op->result_end());
     for (Value result : op->getResults()) {
       if (!isFull(result) || rebuildable.contains(result) ||
-          kinds.normalised.contains(result) ||
+          kinds.normalised.contains(result) || dividedByItsOwnSum(result) ||
           !mayStoreLow(result, statistics, gemmsBefore))
         continue;
       // A GPU or TPU GEMM accumulates in f32 and rounds once as it writes:

@@ -143,6 +143,7 @@ private:
   void decideStorage();
   void reduceInComputeDtype(ModuleOp module);
   bool isCheapToRebuild(Operation *op) const;
+  bool dividedByItsOwnSum(Value value) const;
   bool mayStoreLow(Value value, const llvm::DenseSet<Value> &statistics,
                    const llvm::DenseMap<Operation *, int64_t> &gemmsBefore)
       const;

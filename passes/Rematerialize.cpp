@@ -82,6 +82,19 @@ private:
   bool isSmall(Value value, int64_t than) const;
 };
 
+/// A reduction by maximum (softmax's row max): recomputed, it equals the
+/// forward pass's bit for bit in any order, and it keeps the softmax that
+/// reads it in one fused kernel, where a barrier on it would split it.
+bool isMaxReduction(Operation *op) {
+  if (!shlo::is(op, "reduce") || op->getNumRegions() != 1 ||
+      op->getRegion(0).empty())
+    return false;
+  Block &body = op->getRegion(0).front();
+  return !body.empty() && shlo::is(&body.front(), "maximum") &&
+         std::next(body.begin()) != body.end() &&
+         shlo::isRegionReturn(&*std::next(body.begin()));
+}
+
 std::optional<int64_t> byteSize(Type type) {
   auto shaped = dyn_cast<ShapedType>(type);
   if (!shaped || !shaped.hasStaticShape() || !shaped.getElementType().isIntOrFloat())
@@ -142,11 +155,12 @@ Cone ResidualPlan::coneOf(Value value) const {
       continue;
     Operation *producer = next.getDefiningOp();
     bool inBlock = producer && producer->getBlock() == block;
-    if (inBlock && shlo::isConstant(producer)) {
+    if (inBlock && (shlo::isConstant(producer) || shlo::is(producer, "iota"))) {
       cone.ops.insert(producer);
       continue;
     }
-    if (!inBlock || !shlo::isElementwiseOrBroadcast(producer)) {
+    if (!inBlock || !(shlo::isElementwiseOrBroadcast(producer) ||
+                      isMaxReduction(producer))) {
       cone.roots.insert(next);
       continue;
     }

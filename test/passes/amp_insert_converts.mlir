@@ -371,3 +371,44 @@ func.func public @router(%x: tensor<16x64xf32>, %w: tensor<64x32xf32>, %wr: tens
   %values, %indices = chlo.top_k(%2, k = 2) : tensor<16x8xf32> -> (tensor<16x2xf32>, tensor<16x2xi32>)
   return %values, %indices : tensor<16x2xf32>, tensor<16x2xi32>
 }
+
+// -----
+
+// Softmax's exponential, divided by its own sum and read again across a
+// matrix multiply. On gpu, over rows of a power-of-two length (128 here),
+// XLA fuses the sum and the division with the exponential into one Triton
+// kernel, which storing the exponential would split: the quotient is
+// stored instead. Over 100-long rows XLA splits the softmax anyway, and on
+// cpu there is no such kernel: the exponential is stored.
+
+// CHECK-LABEL: func.func public @softmax_rows(
+// CHECK: %[[E:.*]] = stablehlo.exponential
+// CHECK-NOT: stablehlo.convert %[[E]]
+// CHECK: %[[P:.*]] = stablehlo.divide %[[E]], %{{.*}} : tensor<64x128xf32>
+// CHECK-NEXT: stablehlo.convert %[[P]] {mhlo.frontend_attributes = {amp_stored = "{{[0-9]+}}"}}
+// CHECK: %[[E2:.*]] = stablehlo.exponential
+// CHECK-NEXT: stablehlo.convert %[[E2]] {mhlo.frontend_attributes = {amp_stored = "{{[0-9]+}}"}} : (tensor<64x100xf32>) -> tensor<64x100xbf16>
+
+// CPU-LABEL: func.func public @softmax_rows(
+// CPU: %[[E:.*]] = stablehlo.exponential
+// CPU-NEXT: stablehlo.convert %[[E]] {mhlo.frontend_attributes = {amp_stored = "{{[0-9]+}}"}} : (tensor<64x128xf32>) -> tensor<64x128xbf16>
+func.func public @softmax_rows(%x: tensor<64x64xf32>, %w1: tensor<64x128xf32>, %w2: tensor<64x128xf32>, %v1: tensor<64x100xf32>, %v2: tensor<64x100xf32>) -> (tensor<64x128xf32>, tensor<64x100xf32>) {
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %0 = stablehlo.dot_general %x, %w1, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %1 = stablehlo.exponential %0 : tensor<64x128xf32>
+  %2 = stablehlo.reduce(%1 init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>
+  %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
+  %4 = stablehlo.divide %1, %3 : tensor<64x128xf32>
+  %5 = stablehlo.dot_general %x, %w2, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %6 = stablehlo.multiply %4, %5 : tensor<64x128xf32>
+  %7 = stablehlo.multiply %6, %1 : tensor<64x128xf32>
+  %10 = stablehlo.dot_general %x, %v1, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x100xf32>) -> tensor<64x100xf32>
+  %11 = stablehlo.exponential %10 : tensor<64x100xf32>
+  %12 = stablehlo.reduce(%11 init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x100xf32>, tensor<f32>) -> tensor<64xf32>
+  %13 = stablehlo.broadcast_in_dim %12, dims = [0] : (tensor<64xf32>) -> tensor<64x100xf32>
+  %14 = stablehlo.divide %11, %13 : tensor<64x100xf32>
+  %15 = stablehlo.dot_general %x, %v2, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x100xf32>) -> tensor<64x100xf32>
+  %16 = stablehlo.multiply %14, %15 : tensor<64x100xf32>
+  %17 = stablehlo.multiply %16, %11 : tensor<64x100xf32>
+  return %7, %17 : tensor<64x128xf32>, tensor<64x100xf32>
+}

@@ -174,3 +174,30 @@ func.func public @statistic_leaf(%x: tensor<64x128xf32>, %w: tensor<128x64xf32>,
   %dc = stablehlo.multiply %dyf, %c : tensor<64x128xf32>
   return %y, %dc : tensor<64x64xf32>, tensor<64x128xf32>
 }
+
+// -----
+
+// A softmax's stabilised exponential e = exp(d - max(d)): a row max is
+// recomputed with it (a maximum equals the forward pass's bit for bit in any
+// order), so e is recomputed from d alone (and its constants), and the
+// forward softmax stays one fused kernel.
+
+// CHECK-LABEL: func.func public @row_max(
+// CHECK: %[[D:.*]] = stablehlo.dot_general
+// CHECK: %[[HELD:.*]] = stablehlo.optimization_barrier %[[D]] : tensor<64x128xf32>
+// CHECK: %[[M:.*]] = stablehlo.reduce(%[[HELD]] init: %{{.*}}) applies stablehlo.maximum
+// CHECK-NEXT: %[[MB:.*]] = stablehlo.broadcast_in_dim %[[M]]
+// CHECK-NEXT: %[[C:.*]] = stablehlo.subtract %[[HELD]], %[[MB]]
+// CHECK-NEXT: %[[E2:.*]] = stablehlo.exponential %[[C]]
+// CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[E2]]
+func.func public @row_max(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x128xf32>, tensor<64x128xf32>) {
+  %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %m = stablehlo.reduce(%d init: %ninf) applies stablehlo.maximum across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>
+  %mb = stablehlo.broadcast_in_dim %m, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
+  %c = stablehlo.subtract %d, %mb : tensor<64x128xf32>
+  %e = stablehlo.exponential %c : tensor<64x128xf32>
+  %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
+  %a = stablehlo.multiply %dy, %e : tensor<64x128xf32>
+  return %e, %a : tensor<64x128xf32>, tensor<64x128xf32>
+}
