@@ -241,9 +241,36 @@ class Collective:
   bytes: int
   # The decision for that op (its precision, and why, as people read
   # it): the one that left the value in this dtype. Empty where the op made
-  # no decision (the loss scale's own, or an op XLA named otherwise).
+  # no decision (the loss scale's own, or an op XLA named otherwise), and
+  # for a combined collective, whose values each have their own.
   precision: str = ""
   reason: str = ""
+  # A collective XLA's combiner made of several (a gradient all-reduce of
+  # every layer): the values it moves, one group per op they come from
+  # (`count` values of that op, their bytes, its decision). `op` is then
+  # the combined name XLA gives it. Empty for any other.
+  values: tuple["Collective", ...] = ()
+
+
+def _combined_names(name: str) -> tuple[str, ...]:
+  """The names of the ops a collective XLA's combiner made joins, each
+  whole; `(name,)` for one it did not make. The combiner names it after
+  them: their common path, then the rest of each name in parentheses,
+  joined by ':' (`jit(f)/(transpose(jvp())/dot_general:jvp()/reduce_sum)`)."""
+  start = next((i for i, char in enumerate(name)
+                if char == "(" and (i == 0 or name[i - 1] == "/")), None)
+  if start is None or not name.endswith(")"):
+    return (name,)
+  names, depth, begin = [], 0, start + 1
+  for i, char in enumerate(name[start + 1:-1], start + 1):
+    depth += {"(": 1, ")": -1}.get(char, 0)
+    if char == ":" and depth == 0:
+      names.append(name[begin:i])
+      begin = i + 1
+  names.append(name[begin:-1])
+  if len(names) < 2 or depth != 0:
+    return (name,)
+  return tuple(name[:start] + part for part in names)
 
 
 def _decisions_by_op(decisions: tuple[OpDecision, ...]
@@ -260,24 +287,59 @@ def _decisions_by_op(decisions: tuple[OpDecision, ...]
   return {op: counter.most_common(1)[0][0] for op, counter in by_op.items()}
 
 
+def _values(names: tuple[str, ...], moved: tuple[hlo.Shape, ...],
+            dtype: str) -> list[tuple[str, int]]:
+  """The op and bytes of each value of `dtype` a combined collective
+  moves: XLA names its ops in the order of the arrays it moves. Where
+  their counts differ, every name with no bytes (the whole keeps them)."""
+  if len(names) != len(moved):
+    return [(_op_path(name), 0) for name in names]
+  return [(_op_path(name), array.nbytes)
+          for name, array in zip(names, moved) if array.dtype == dtype]
+
+
+def _merge_values(group: Collective, values: list[tuple[str, int]],
+                  decided: Mapping[str, tuple[str, str]]
+                  ) -> tuple[Collective, ...]:
+  """`group`'s values with `values` added, one record per op, largest
+  first."""
+  merged = {c.op: c for c in group.values}
+  for op, nbytes in values:
+    seen = merged.get(op) or Collective(group.kind, group.dtype, op, 0, 0,
+                                        *decided.get(op, ("", "")))
+    merged[op] = dataclasses.replace(seen, count=seen.count + 1,
+                                     bytes=seen.bytes + nbytes)
+  return tuple(sorted(merged.values(), key=lambda c: (-c.bytes, -c.count)))
+
+
 def group_collectives(decisions: tuple[OpDecision, ...],
-                      module: "hlo.Module") -> tuple[Collective, ...]:
+                      module: hlo.Module) -> tuple[Collective, ...]:
   """The program's collectives grouped by kind, dtype and the op they
-  serve, each with that op's decision, largest first."""
+  serve (counted in the group of the dtype of the first array they move),
+  each with that op's decision, largest first; a combined one with its
+  values grouped by their ops (`Collective.values`)."""
   decided = _decisions_by_op(decisions)
-  groups: dict[tuple[str, str, str], list[int]] = {}
+  groups: dict[tuple[str, str, str], Collective] = {}
   for collective in module.collectives():
-    op = _op_path(collective.op_name)
-    for array in collective.moved:
-      entry = groups.setdefault((collective.kind, array.dtype, op), [0, 0])
-      entry[1] += array.nbytes
-    groups[(collective.kind, collective.moved[0].dtype if
-            collective.moved else "", op)][0] += 1
-  return tuple(sorted(
-      (Collective(kind, dtype, op, count, nbytes,
-                  *decided.get(op, ("", "")))
-       for (kind, dtype, op), (count, nbytes) in groups.items()),
-      key=lambda c: -c.bytes))
+    name = _TAG.sub("", collective.op_name)
+    names, op = _combined_names(name), _op_path(name)
+    moved = collective.moved
+    first = moved[0].dtype if moved else ""
+    for dtype in dict.fromkeys([first, *(a.dtype for a in moved)]):
+      key = (collective.kind, dtype, op)
+      group = groups.get(key) or Collective(
+          collective.kind, dtype, op, 0, 0,
+          *(decided.get(op, ("", "")) if len(names) == 1 else ("", "")))
+      values = (_values(names, moved, dtype)
+                if len(names) > 1 and (dtype == first or
+                                       len(names) == len(moved)) else [])
+      groups[key] = dataclasses.replace(
+          group, count=group.count + (dtype == first),
+          bytes=group.bytes + sum(a.nbytes for a in moved
+                                  if a.dtype == dtype),
+          values=_merge_values(group, values, decided) if values
+          else group.values)
+  return tuple(sorted(groups.values(), key=lambda c: -c.bytes))
 
 
 @dataclasses.dataclass(frozen=True)

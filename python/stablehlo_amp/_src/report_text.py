@@ -215,8 +215,30 @@ def _collective_lines(report: Report) -> list[str]:
 
 
 def _collective_why(report: Report, c: Collective) -> str:
-  """``for OP: DECISION``."""
-  return f"for {c.op or '?'}: {_decision(report, c)}"
+  """``for OP: DECISION``; for a collective XLA combined of several, how
+  many values of which ops, and each op's decision."""
+  if not c.values:
+    return f"for {c.op or '?'}: {_decision(report, c)}"
+  # The same op of every layer reads as one primitive (its last name).
+  by_primitive: dict[str, list[Collective]] = {}
+  for value in c.values:
+    by_primitive.setdefault(value.op.rsplit("/", 1)[-1] or "?",
+                            []).append(value)
+  counts = {name: sum(v.count for v in values)
+            for name, values in by_primitive.items()}
+  moved = {name: sum(v.bytes for v in values)
+           for name, values in by_primitive.items()}
+  order = sorted(counts, key=lambda name: (-moved[name], -counts[name]))
+  why = []
+  for name in order:
+    decided = collections.Counter(
+        _decision(report, v) for v in by_primitive[name]
+        for _ in range(v.count))
+    why.append(f"{name} {decided.most_common(1)[0][0]}")
+  return (f"of {sum(counts.values())} values combined ("
+          + ", ".join(f"{name} \N{MULTIPLICATION SIGN}{counts[name]}"
+                      for name in order)
+          + "): " + "; ".join(why))
 
 
 def _decision(report: Report, c: Collective) -> str:
