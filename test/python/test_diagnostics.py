@@ -504,3 +504,34 @@ def test_a_combined_all_reduce_is_grouped_by_the_ops_of_its_values():
           in text), text
   assert "(XLA:CPU runs bf16 collectives in f32)" in text, text
   assert "dot_general:transpose" not in text, text
+
+def test_e4m3_gradients_of_a_step_without_a_loss_seed_say_why():
+  """amp.transform of a jax.jit-style step (jax.value_and_grad inside)
+  has no argument marked as the loss seed, so gemm=f8 knows no gradient
+  and makes every operand e4m3fn, where train_step makes its gradients
+  e5m2: the report says why. A forward pass alone, and train_step, say
+  nothing of it."""
+  def loss(w, x):
+    return jnp.mean((jnp.tanh(x @ w["a"]) @ w["b"]) ** 2)
+
+  def step(w, x):
+    value, grads = jax.value_and_grad(loss)(w, x)
+    return value, jax.tree.map(lambda a, g: a - 0.1 * g, w, grads)
+
+  w = {"a": jnp.ones((256, 256)) / 16, "b": jnp.ones((256, 256)) / 16}
+  x = jnp.ones((256, 256))
+  f8 = dict(policy="p=f32,c=bf16,o=f32,gemm=f8", target="gpu",
+            fp8_min_size=0)
+  why = ("every FP8 operand is f8e4m3fn: gemm=f8 makes gradients f8e5m2, "
+         "and a gradient is a value derived from an argument marked "
+         "amp.loss_seed or amp.cotangent, which this module has none of")
+  report = amp.transform(step, **f8).lower(w, x).report()
+  assert {d.gemm.split(",")[0] for d in report.fp8_gemms} == {
+      "f8e4m3fn x f8e4m3fn"}
+  assert why in str(report), str(report)
+  forward = amp.transform(loss, **f8).lower(w, x).report()
+  assert forward.fp8_gemms and why not in str(forward)
+  train = amp.train_step(loss, optax.sgd(0.1), **f8)
+  report = train.lower(train.init(w), x).report()
+  assert any("f8e5m2" in d.gemm for d in report.fp8_gemms)
+  assert why not in str(report), str(report)

@@ -91,9 +91,11 @@ class Located:
     first: its transpose is the backward pass and its `jvp` the forward
     pass, whichever library the op's lines are in (an optax loss is part
     of the model's passes). Of the other ops, those with optax frames are
-    the optimizer's."""
+    the optimizer's. An op whose name is only the passes' tags
+    (``[amp_fp8=0]``: a module printed without JAX's locations) has no
+    phase either."""
     match = _NAME.match(self.loc)
-    if not match:
+    if not match or not _TAG.sub("", match[1]):
       return ""
     if "transpose(" in match[1]:
       return "backward"

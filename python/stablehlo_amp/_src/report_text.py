@@ -122,13 +122,15 @@ def _reason_lines(decisions: list[OpDecision], indent: str) -> list[str]:
 
 
 def _fp8_lines(report: Report, compute: str) -> list[str]:
-  """The lines on FP8 GEMMs: which, why not, what moved."""
+  """The lines on FP8 GEMMs: which, in what formats and why, why not,
+  what moved."""
   lines = []
   fp8 = report.fp8_gemms
   if fp8:
     formats = collections.Counter(d.gemm for d in fp8)
     lines.append(f"  FP8 GEMMs: {_ops(len(fp8))} (" + ", ".join(
         f"{text}: {n}" for text, n in formats.most_common()) + ")")
+    lines += _gradient_format_lines(report, fp8)
   ineligible = collections.Counter(
       d.gemm_reason_id for d in report.decisions if d.gemm_reason_id)
   for reason_id, n in ineligible.most_common():
@@ -145,6 +147,30 @@ def _fp8_lines(report: Report, compute: str) -> list[str]:
                  "statistics (the step was compiled again):")
     lines += [f"    {line}" for line in report.fp8_fallbacks]
   return lines
+
+
+def _gradient_format_lines(report: Report, fp8: list[OpDecision]
+                           ) -> list[str]:
+  """Why gemm=f8 made no operand e5m2 where some GEMMs are (or may be) a
+  backward pass's: amp-fp8-gemms knows a gradient only as a value derived
+  from an argument marked as the loss seed or a cotangent, which
+  train_step and value_and_grad mark and a jax.jit step does not."""
+  gemm = report.policy.partition("gemm=")[2].split(",")[0]
+  if (gemm != contract.values("gemm").f8
+      or any("f8e5m2" in d.gemm for d in fp8)):
+    return []
+  # GEMMs known to be forward (or optimizer) ones read no gradient; one
+  # of no known phase (no JAX locations) may.
+  if all(d.phase in ("forward", "optimizer") for d in fp8):
+    return []
+  seed, cotangent = (contract.attribute("loss_seed"),
+                     contract.attribute("cotangent"))
+  return [f"    every FP8 operand is f8e4m3fn: gemm=f8 makes gradients "
+          "f8e5m2, and a gradient is a value derived from an argument "
+          f"marked {seed} or {cotangent}, which this module has none of "
+          "(amp.train_step and amp.value_and_grad lower a step with its "
+          "loss seed as such an argument; a jax.jit step seeds its "
+          "backward pass with a constant)"]
 
 
 def _compiled_lines(report: Report, compute: str) -> list[str]:
