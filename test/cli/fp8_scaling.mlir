@@ -17,6 +17,12 @@
 // SMALL: kept in bf16, not FP8: too small: quantizing its operands would cost more than FP8 saves (fp8_min_size): 1 op
 // SMALL-NEXT: 32x64x16 GEMM, M*N/(M+N) = 10 < 886: FP8 would be slower: 1 op
 
+// No argument is marked as the loss seed: no operand is known to be a
+// gradient, and the report says why none is e5m2.
+// RUN: amp-opt %s --target gpu --fp8-min-size 0 --policy p=f32,c=bf16,o=f32,gemm=f8 --report -o %t.mlir 2>&1 | FileCheck %s --check-prefix=NOSEED
+// NOSEED: FP8 GEMMs: 1 op (f8e4m3fn x f8e4m3fn, current scaling: 1)
+// NOSEED-NEXT: every FP8 operand is f8e4m3fn: gemm=f8 makes gradients f8e5m2, and a gradient is a value derived from an argument marked amp.loss_seed or amp.cotangent, which this module has none of
+
 func.func public @main(%x: tensor<32x64xf32>, %w: tensor<64x16xf32>) -> tensor<32x16xf32> {
   %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<32x64xf32>, tensor<64x16xf32>) -> tensor<32x16xf32>
   return %d : tensor<32x16xf32>

@@ -5,9 +5,11 @@
   run with it), `pytest.importorskip` fails instead of skipping: a test
   dependency missing from the environment is an error there, not a silently
   smaller run. Outside it, a missing optional dependency skips as usual.
+  `missing_dependency` does the same for what is no module (a tool, root).
 """
 
 import os
+from typing import NoReturn
 
 import pytest
 
@@ -28,6 +30,18 @@ if REQUIRE_TEST_DEPS:
                   "skip these tests)", pytrace=False)
 
   pytest.importorskip = _importorfail
+
+
+def missing_dependency(what: str, remedy: str) -> NoReturn:
+  """Ends a test that needs `what`, which this machine lacks (a tool, a
+  privilege): it fails where test dependencies are required, as a
+  missing module does, and skips elsewhere. `remedy` says how to provide
+  it."""
+  if REQUIRE_TEST_DEPS:
+    pytest.fail(f"test dependency missing: {what} (AMP_REQUIRE_TEST_DEPS "
+                f"is set: {remedy}, or unset it to skip these tests)",
+                pytrace=False)
+  pytest.skip(what)
 
 
 def pytest_report_header(config):

@@ -17,6 +17,7 @@ optax losses and optimizers (issue 45).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import warnings
 
 import jax
@@ -446,7 +447,6 @@ def test_a_gpu_program_that_fails_on_cpu_says_it_was_built_for_gpu():
 
 def test_an_f32_collective_of_a_low_op_on_cpu_says_why():
   from stablehlo_amp._src.report import Collective
-  import dataclasses
   report = amp.transform(lambda w, x: jnp.tanh(x @ w), "p=f32,c=bf16,o=f32"
                          ).lower(jnp.ones((8, 8)), jnp.ones((4, 8))).report()
   moved = Collective("all-gather", "f32", "jvp()/dot_general", 2, 2 ** 20,
@@ -456,3 +456,82 @@ def test_an_f32_collective_of_a_low_op_on_cpu_says_why():
       "(XLA:CPU runs bf16 collectives in f32)" in text, text
   text = str(dataclasses.replace(report, target="gpu", collectives=(moved,)))
   assert "XLA:CPU" not in text
+
+
+# A data-parallel step's gradient all-reduce as XLA's combiner leaves it:
+# one all-reduce of every layer's gradients, named after all of them (their
+# common path, then the rest of each name in parentheses, joined by ':').
+_COMBINED_ALL_REDUCE = r"""
+HloModule step, entry_computation_layout={(f32[64,64]{1,0}, f32[64,64]{1,0}, f32[64]{0})->(f32[64,64]{1,0}, f32[64,64]{1,0}, f32[64]{0})}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+ENTRY %main (g0: f32[64,64], g1: f32[64,64], g2: f32[64]) -> (f32[64,64], f32[64,64], f32[64]) {
+  %g0 = f32[64,64]{1,0} parameter(0)
+  %g1 = f32[64,64]{1,0} parameter(1)
+  %g2 = f32[64]{0} parameter(2)
+  ROOT %all-reduce = (f32[64,64]{1,0}, f32[64,64]{1,0}, f32[64]{0}) all-reduce(%g0, %g1, %g2), replica_groups={{0,1}}, to_apply=%add, metadata={op_name="jit(traced)/amp_module_call/jit(loss)/(transpose(jvp())/dot_general:transpose(jvp())/dot_general:jvp()/reduce_sum)"}
+}
+"""
+
+
+def test_a_combined_all_reduce_is_grouped_by_the_ops_of_its_values():
+  """A combined all-reduce reads as how many values of which ops, each
+  op with its decision, not as one line of every name XLA joined; a low
+  op's value moved in f32 on CPU says that XLA:CPU did it."""
+  def loss(w, x):
+    return jnp.sum(jnp.tanh(x @ w["a"]) @ w["b"])
+
+  w = {"a": jnp.ones((64, 64)), "b": jnp.ones((64, 64))}
+  report = amp.value_and_grad(loss, "p=f32,c=bf16,o=f32").lower(
+      w, jnp.ones((8, 64))).report()
+  report = dataclasses.replace(report.with_compiled(_COMBINED_ALL_REDUCE),
+                               target="cpu")
+  (moved,) = report.collectives
+  assert (moved.kind, moved.dtype, moved.count, moved.bytes) == (
+      "all-reduce", "f32", 1, 2 * 64 * 64 * 4 + 64 * 4)
+  assert [(v.op, v.count, v.bytes, v.precision) for v in moved.values] == [
+      ("transpose(jvp())/dot_general", 2, 2 * 64 * 64 * 4, "low"),
+      ("jvp()/reduce_sum", 1, 64 * 4, "f32")]
+  text = str(report)
+  assert ("    all-reduce f32 0.0 MiB (1x) of 3 values combined "
+          "(dot_general \N{MULTIPLICATION SIGN}2, reduce_sum "
+          "\N{MULTIPLICATION SIGN}1): dot_general low: matrix multiply"
+          in text), text
+  assert "(XLA:CPU runs bf16 collectives in f32)" in text, text
+  assert "dot_general:transpose" not in text, text
+
+def test_e4m3_gradients_of_a_step_without_a_loss_seed_say_why():
+  """amp.transform of a jax.jit-style step (jax.value_and_grad inside)
+  has no argument marked as the loss seed, so gemm=f8 knows no gradient
+  and makes every operand e4m3fn, where train_step makes its gradients
+  e5m2: the report says why. A forward pass alone, and train_step, say
+  nothing of it."""
+  def loss(w, x):
+    return jnp.mean((jnp.tanh(x @ w["a"]) @ w["b"]) ** 2)
+
+  def step(w, x):
+    value, grads = jax.value_and_grad(loss)(w, x)
+    return value, jax.tree.map(lambda a, g: a - 0.1 * g, w, grads)
+
+  w = {"a": jnp.ones((256, 256)) / 16, "b": jnp.ones((256, 256)) / 16}
+  x = jnp.ones((256, 256))
+  f8 = dict(policy="p=f32,c=bf16,o=f32,gemm=f8", target="gpu",
+            fp8_min_size=0)
+  why = ("every FP8 operand is f8e4m3fn: gemm=f8 makes gradients f8e5m2, "
+         "and a gradient is a value derived from an argument marked "
+         "amp.loss_seed or amp.cotangent, which this module has none of")
+  report = amp.transform(step, **f8).lower(w, x).report()
+  assert {d.gemm.split(",")[0] for d in report.fp8_gemms} == {
+      "f8e4m3fn x f8e4m3fn"}
+  assert why in str(report), str(report)
+  forward = amp.transform(loss, **f8).lower(w, x).report()
+  assert forward.fp8_gemms and why not in str(forward)
+  train = amp.train_step(loss, optax.sgd(0.1), **f8)
+  report = train.lower(train.init(w), x).report()
+  assert any("f8e5m2" in d.gemm for d in report.fp8_gemms)
+  assert why not in str(report), str(report)

@@ -747,13 +747,9 @@ def _plugin_and_mlir_opt() -> tuple[str, str]:
                                   "PATH)"]) + (
       [] if os.path.exists(plugin) else [f"the pass plugin {plugin}"])
   if missing:
-    message = f"needs {' and '.join(missing)}"
-    if conftest.REQUIRE_TEST_DEPS:
-      pytest.fail(f"test dependency missing: {message} "
-                  "(AMP_REQUIRE_TEST_DEPS is set: install LLVM 22's "
-                  "mlir-opt and build the plugin, or unset it to skip these "
-                  "tests)", pytrace=False)
-    pytest.skip(message)
+    conftest.missing_dependency(f"needs {' and '.join(missing)}",
+                                "install LLVM 22's mlir-opt and build the "
+                                "plugin")
   return mlir_opt, plugin
 
 

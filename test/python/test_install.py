@@ -250,14 +250,24 @@ def _llvm_22_library_dirs() -> list[str]:
   return sorted(d for d in dirs if not d.startswith("/usr/lib/llvm-22"))
 
 
-def test_works_on_a_machine_without_llvm_22(tmp_path):
-  pytest.importorskip("optax")
+def _can_hide_llvm_22() -> None:
+  """Skips where LLVM 22 comes from PyPI (there is no system LLVM to
+  hide); where hiding it needs what the machine lacks (root, unshare),
+  fails when test dependencies are required and skips elsewhere."""
   site = sysconfig.get_paths()["purelib"]
   if any(os.path.exists(os.path.join(site, d, "lib")) for d in ("mlir",
                                                                 "llvm")):
     pytest.skip("this environment has LLVM 22 from PyPI (xtc-mlir/xtc-llvm)")
   if os.geteuid() != 0 or shutil.which("unshare") is None:
-    pytest.skip("hiding LLVM 22 needs root and unshare (a mount namespace)")
+    import conftest
+    conftest.missing_dependency(
+        "hiding LLVM 22 needs root and unshare (a mount namespace)",
+        "run the tests as root, with unshare (util-linux) on PATH")
+
+
+def test_works_on_a_machine_without_llvm_22(tmp_path):
+  pytest.importorskip("optax")
+  _can_hide_llvm_22()
   script = tmp_path / "check.py"
   script.write_text(_WITHOUT_LLVM)
   env = {"DIRS": " ".join(_llvm_22_library_dirs()),
@@ -285,3 +295,20 @@ def test_missing_test_dependency_fails_when_required():
               else pytest.skip.Exception)
   with pytest.raises(expected, match="no_such_module_for_amp"):
     pytest.importorskip("no_such_module_for_amp")
+  # What is no module (a tool, root) fails the same way.
+  with pytest.raises(expected, match="no such tool"):
+    conftest.missing_dependency("no such tool", "install it")
+
+
+def test_without_root_the_llvm_check_fails_when_required(monkeypatch):
+  """The check that hides LLVM 22 needs root: without it, where test
+  dependencies are required, it fails rather than skip unseen."""
+  import conftest
+  monkeypatch.setattr(os, "geteuid", lambda: 1000)
+  monkeypatch.setattr(sysconfig, "get_paths", lambda: {"purelib": "/none"})
+  monkeypatch.setattr(conftest, "REQUIRE_TEST_DEPS", True)
+  with pytest.raises(pytest.fail.Exception, match="needs root and unshare"):
+    _can_hide_llvm_22()
+  monkeypatch.setattr(conftest, "REQUIRE_TEST_DEPS", False)
+  with pytest.raises(pytest.skip.Exception, match="needs root and unshare"):
+    _can_hide_llvm_22()

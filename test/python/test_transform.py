@@ -998,7 +998,32 @@ def test_rewrite_returns_verified_text(form, policy_text, inputs, results):
                    rf"x{compute}>\) ->", out), out
   # No analysis or report annotation (amp.decision, amp.inserted, ...) is
   # left behind in the returned module.
-  assert not re.search(r"\bamp\.[a-z_]+\s*=", out), out
+  assert not _AMP_ATTRIBUTE.search(out), out
+
+
+# An `amp.` attribute in an attribute dictionary: with a value
+# (`amp.decision = "..."`) or a unit attribute, which MLIR prints by its
+# name alone (`{amp.inserted}`).
+_AMP_ATTRIBUTE = re.compile(r"[{,]\s*amp\.[a-z_]+\s*(?:=|,|\})")
+
+
+@pytest.mark.parametrize("text, found", [
+    ('%1 = stablehlo.convert %0 {amp.inserted} : (tensor<2xf32>)', True),
+    ('"stablehlo.convert"(%0) {amp.inserted} : (tensor<2xf32>)', True),
+    ('%1 = stablehlo.tanh %0 {amp.decision = "f32", amp.inserted}', True),
+    ('%1 = stablehlo.tanh %0 {mhlo.frontend_attributes = {x = "1"}, '
+     'amp.stored = 3 : i64}', True),
+    ('%arg0: tensor<f32> {amp.loss_seed}', True),
+    ('%1 = stablehlo.tanh %0 {mhlo.frontend_attributes = {amp_stored = '
+     '"3"}} loc("tanh[amp_stored=3]")', False),
+    ('stablehlo.custom_call @amp.gradient(%0)', False),
+])
+def test_the_annotation_check_sees_unit_attributes(text, found):
+  """The check above sees every form an annotation prints in, a unit
+  attribute's included; the survival markers (XLA frontend attributes
+  such as `amp_stored`, which the returned module keeps for XLA, and the
+  tags in op names) and custom-call targets are no annotation."""
+  assert bool(_AMP_ATTRIBUTE.search(text)) == found
 
 
 def test_rewrite_accepts_options():

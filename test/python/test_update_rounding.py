@@ -550,15 +550,20 @@ def _dot_operand_types(hlo_text: str) -> list[tuple[str, ...]]:
 
 
 def _copies_of_state(hlo_text: str) -> list[str]:
-  """Instructions of the entry computation that only copy a float state
-  argument (a parameter, a moment) into a buffer of their own: a `copy` of
-  it, or a fusion of it alone made of bitcasts and copies. (A step that
-  cannot skip passes its integer `skipped_steps` through, which XLA copies:
-  a scalar, not what this is about.)"""
+  """Instructions of the entry computation that only copy a float argument
+  of the step (a parameter, a moment: the step's state; the batch is read,
+  never copied) into a buffer of their own: a `copy` of it, or a fusion of
+  it alone made of bitcasts and copies. An argument is an ENTRY
+  `parameter`, whatever XLA names it. (A step that cannot skip passes its
+  integer `skipped_steps` through, which XLA copies: a scalar, not what
+  this is about.)"""
   module = hlo.Module.parse(hlo_text)
   found = []
   for ins in module.entry.instructions:
-    if len(ins.operands) != 1 or not ins.operands[0].startswith("state_"):
+    if len(ins.operands) != 1:
+      continue
+    argument = module.entry.get(ins.operands[0])
+    if argument is None or argument.opcode != "parameter":
       continue
     if not (ins.shape.element_type or "").startswith(("f", "bf")):
       continue
@@ -570,6 +575,47 @@ def _copies_of_state(hlo_text: str) -> list[str]:
                                                    "copy"}:
         found.append(ins.name)
   return found
+
+
+# A step's ENTRY as XLA:CPU prints it, with every way an argument can be
+# copied and the near misses: the helper below finds exactly the copies of
+# float arguments, whatever their names.
+_COPIES = r"""
+HloModule step, entry_computation_layout={(f32[8,8]{1,0}, bf16[8,8]{1,0}, s32[], f32[8,8]{1,0})->(f32[8,8]{1,0})}
+
+%copy_body (p: bf16[8,8]) -> bf16[8,8] {
+  %p = bf16[8,8]{1,0} parameter(0)
+  %b = bf16[8,8]{0,1} bitcast(%p)
+  ROOT %c = bf16[8,8]{1,0} copy(%b)
+}
+
+%compute_body (p: f32[8,8]) -> f32[8,8] {
+  %p = f32[8,8]{1,0} parameter(0)
+  ROOT %n = f32[8,8]{1,0} negate(%p)
+}
+
+ENTRY %main (w.1: f32[8,8], mu.2: bf16[8,8], count: s32[], x: f32[8,8]) -> (f32[8,8]) {
+  %w.1 = f32[8,8]{1,0} parameter(0)
+  %mu.2 = bf16[8,8]{1,0} parameter(1)
+  %count = s32[] parameter(2)
+  %x = f32[8,8]{1,0} parameter(3)
+  %copy.weight = f32[8,8]{1,0} copy(%w.1)
+  %fusion.moment = bf16[8,8]{1,0} fusion(%mu.2), kind=kLoop, calls=%copy_body
+  %copy.count = s32[] copy(%count)
+  %fusion.compute = f32[8,8]{1,0} fusion(%w.1), kind=kLoop, calls=%compute_body
+  %sum = f32[8,8]{1,0} add(%x, %fusion.compute)
+  %copy.sum = f32[8,8]{1,0} copy(%sum)
+  ROOT %t = (f32[8,8]{1,0}) tuple(%copy.sum)
+}
+"""
+
+
+def test_the_copy_counter_finds_copies_of_any_argument_and_nothing_else():
+  """The positive control of the test below: a copy of a float argument,
+  named anything, and a fusion of one that only copies it, are found; an
+  integer argument's copy, a fusion that computes and a copy of a
+  computed value are not."""
+  assert _copies_of_state(_COPIES) == ["copy.weight", "fusion.moment"]
 
 
 # bf16 parameters: with the skip (a loss scale, or skip_nonfinite=True), the

@@ -544,104 +544,8 @@ class Module:
     bodies (times their known trip count) and every branch of a
     conditional."""
     found: list[Kernel] = []
-    self._collect_kernels(self.entry, 1, found, 0)
+    _collect_kernels(self, self.entry, 1, found, 0)
     return tuple(found)
-
-  def _collect_kernels(self, computation: Computation, launches: int,
-                       found: list[Kernel], depth: int) -> None:
-    for ins in computation.instructions:
-      if ins.opcode in _NOT_KERNELS or ins.collective_kind is not None or \
-         ins.opcode.endswith("-done") or ins.opcode in _NOT_LAUNCHED:
-        continue
-      if ins.opcode in _CONTROL_FLOW:
-        if depth >= 16:
-          continue
-        times = launches
-        if ins.opcode == "while":
-          trips = _TRIP_COUNT.search(ins.attributes.get("backend_config", ""))
-          times *= int(trips.group(1)) if trips else 1
-        for name in ins.called_computations:
-          if name in self.computations:
-            self._collect_kernels(self.computations[name], times, found,
-                                  depth + 1)
-        continue
-      found.append(self._kernel(computation, ins, launches))
-
-  def _kernel(self, computation: Computation, ins: Instruction,
-              launches: int) -> Kernel:
-    opcodes, dtypes = self._contents(ins)
-    target = (ins.custom_call_target or "").lower()
-    flops: dict[str, int] = {}
-    if ins.opcode == "custom-call":
-      _add_flops(flops, _custom_call_flops(computation, ins))
-    else:
-      for name in ins.calls if ins.opcode == "fusion" else ():
-        self._fused_flops(name, flops, 0)
-      _add_flops(flops, _instruction_flops(computation, ins))
-    if flops or any(word in target for word in _GEMM_TARGET_WORDS):
-      kind = "gemm"
-    elif any(is_fp8(d) for d in dtypes) or {"reduce", "abs"} <= opcodes:
-      kind = "fp8_quantize"
-    else:
-      kind = "other"
-    read, written = self._traffic(computation, ins)
-    return Kernel(ins, kind, flops, read, written, launches)
-
-  def _contents(self, ins: Instruction, depth: int = 0
-                ) -> tuple[set[str], set[str]]:
-    """The opcodes `ins` runs (itself and, through the computations it
-    calls, theirs) and the dtypes its converts write."""
-    opcodes = {ins.opcode}
-    dtypes = ({ins.shape.dtype} if ins.opcode == "convert" and
-              not ins.shape.is_tuple else set())
-    if depth < 8:
-      for name in ins.calls:
-        body = self.computations.get(name)
-        for inner in body.instructions if body else ():
-          more, written = self._contents(inner, depth + 1)
-          opcodes |= more
-          dtypes |= written
-    return opcodes, dtypes
-
-  def _fused_flops(self, name: str, flops: dict[str, int], depth: int) -> None:
-    body = self.computations.get(name)
-    if body is None or depth > 8:
-      return
-    for inner in body.instructions:
-      _add_flops(flops, _instruction_flops(body, inner))
-      for called in inner.calls if inner.opcode == "fusion" else ():
-        self._fused_flops(called, flops, depth + 1)
-
-  def _traffic(self, computation: Computation, ins: Instruction
-               ) -> tuple[int, int]:
-    """Bytes `ins` reads and writes in HBM: each distinct operand once
-    (only the slices of one its fused body reads only through slices;
-    nothing of the buffer an in-place dynamic-update-slice writes into),
-    and its results (a GEMM call's workspace excluded; only the update of
-    an in-place dynamic-update-slice)."""
-    shapes = dict(zip(ins.operands, computation.operand_shapes(ins)))
-    body = (self.computations.get(ins.calls[0])
-            if ins.opcode == "fusion" and ins.calls else None)
-    read_of = _fused_reads(body) if body is not None else {}
-    in_place, update_bytes = (_in_place_updates(body) if body is not None
-                              else (set(), None))
-    read = 0
-    for number, name in enumerate(ins.operands):
-      if name in ins.operands[:number]:
-        continue
-      shape = shapes.get(name)
-      if shape is None:
-        continue
-      if number in in_place:
-        continue
-      read += min(read_of.get(number, shape.nbytes), shape.nbytes)
-    results = ins.shape.arrays()
-    if (ins.opcode == "custom-call" and ins.shape.is_tuple and
-        len(results) > 1 and results[-1].dtype in ("s8", "u8")):
-      results = results[:-1]    # the GEMM's workspace
-    written = (update_bytes if update_bytes is not None else
-               sum(_nbytes(a) for a in results))
-    return read, written
 
 
 # -- kernels and their cost --------------------------------------------------
@@ -815,6 +719,114 @@ def _in_place_updates(body: Computation) -> tuple[set[int], int | None]:
     params.add(buffer.parameter_number)
     written += _nbytes(update.shape)
   return params, written
+
+
+def _collect_kernels(module: Module, computation: Computation, launches: int,
+                     found: list[Kernel], depth: int) -> None:
+  """Appends to `found` the kernels `computation` launches, each
+  `launches` times: through calls, loop bodies (times their known trip
+  count) and every branch of a conditional (`Module.device_kernels`)."""
+  for ins in computation.instructions:
+    if ins.opcode in _NOT_KERNELS or ins.collective_kind is not None or \
+       ins.opcode.endswith("-done") or ins.opcode in _NOT_LAUNCHED:
+      continue
+    if ins.opcode in _CONTROL_FLOW:
+      if depth >= 16:
+        continue
+      times = launches
+      if ins.opcode == "while":
+        trips = _TRIP_COUNT.search(ins.attributes.get("backend_config", ""))
+        times *= int(trips.group(1)) if trips else 1
+      for name in ins.called_computations:
+        if name in module.computations:
+          _collect_kernels(module, module.computations[name], times,
+                           found, depth + 1)
+      continue
+    found.append(_kernel(module, computation, ins, launches))
+
+
+def _kernel(module: Module, computation: Computation, ins: Instruction,
+            launches: int) -> Kernel:
+  """The kernel `ins` launches: its matrix flops, kind and traffic."""
+  opcodes, dtypes = _contents(module, ins)
+  target = (ins.custom_call_target or "").lower()
+  flops: dict[str, int] = {}
+  if ins.opcode == "custom-call":
+    _add_flops(flops, _custom_call_flops(computation, ins))
+  else:
+    for name in ins.calls if ins.opcode == "fusion" else ():
+      _fused_flops(module, name, flops, 0)
+    _add_flops(flops, _instruction_flops(computation, ins))
+  if flops or any(word in target for word in _GEMM_TARGET_WORDS):
+    kind = "gemm"
+  elif any(is_fp8(d) for d in dtypes) or {"reduce", "abs"} <= opcodes:
+    kind = "fp8_quantize"
+  else:
+    kind = "other"
+  read, written = _traffic(module, computation, ins)
+  return Kernel(ins, kind, flops, read, written, launches)
+
+
+def _contents(module: Module, ins: Instruction, depth: int = 0
+              ) -> tuple[set[str], set[str]]:
+  """The opcodes `ins` runs (itself and, through the computations it
+  calls, theirs) and the dtypes its converts write."""
+  opcodes = {ins.opcode}
+  dtypes = ({ins.shape.dtype} if ins.opcode == "convert" and
+            not ins.shape.is_tuple else set())
+  if depth < 8:
+    for name in ins.calls:
+      body = module.computations.get(name)
+      for inner in body.instructions if body else ():
+        more, written = _contents(module, inner, depth + 1)
+        opcodes |= more
+        dtypes |= written
+  return opcodes, dtypes
+
+
+def _fused_flops(module: Module, name: str, flops: dict[str, int],
+                 depth: int) -> None:
+  """Adds to `flops` the matrix flops of the fused computation `name`
+  and of the fusions inside it."""
+  body = module.computations.get(name)
+  if body is None or depth > 8:
+    return
+  for inner in body.instructions:
+    _add_flops(flops, _instruction_flops(body, inner))
+    for called in inner.calls if inner.opcode == "fusion" else ():
+      _fused_flops(module, called, flops, depth + 1)
+
+
+def _traffic(module: Module, computation: Computation, ins: Instruction
+             ) -> tuple[int, int]:
+  """Bytes `ins` reads and writes in HBM: each distinct operand once
+  (only the slices of one its fused body reads only through slices;
+  nothing of the buffer an in-place dynamic-update-slice writes into),
+  and its results (a GEMM call's workspace excluded; only the update of
+  an in-place dynamic-update-slice)."""
+  shapes = dict(zip(ins.operands, computation.operand_shapes(ins)))
+  body = (module.computations.get(ins.calls[0])
+          if ins.opcode == "fusion" and ins.calls else None)
+  read_of = _fused_reads(body) if body is not None else {}
+  in_place, update_bytes = (_in_place_updates(body) if body is not None
+                            else (set(), None))
+  read = 0
+  for number, name in enumerate(ins.operands):
+    if name in ins.operands[:number]:
+      continue
+    shape = shapes.get(name)
+    if shape is None:
+      continue
+    if number in in_place:
+      continue
+    read += min(read_of.get(number, shape.nbytes), shape.nbytes)
+  results = ins.shape.arrays()
+  if (ins.opcode == "custom-call" and ins.shape.is_tuple and
+      len(results) > 1 and results[-1].dtype in ("s8", "u8")):
+    results = results[:-1]    # the GEMM's workspace
+  written = (update_bytes if update_bytes is not None else
+             sum(_nbytes(a) for a in results))
+  return read, written
 
 
 @dataclasses.dataclass(frozen=True)

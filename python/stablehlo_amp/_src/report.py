@@ -1,7 +1,9 @@
-"""What `amp-insert-converts` decided for each op, summarised for people.
+"""What `amp-insert-converts` decided for each op, as a record.
 
 The pass hands over structured decisions (a precision, a reason id from the
-contract, details); the text people read comes from the contract too.
+contract, details); `Report` holds them with the regions and collectives of
+the program, and report_text.py renders the text people read (its phrases
+come from the contract too).
 """
 
 from __future__ import annotations
@@ -14,11 +16,8 @@ from typing import Any, Mapping
 
 from stablehlo_amp._src import contract
 from stablehlo_amp._src import hlo
+from stablehlo_amp._src import report_text
 from stablehlo_amp._src import survival
-
-# XLA's name of the f32 element type (an HLO dtype, not a precision id).
-_XLA_F32 = "f32"
-
 
 # A frame in an MLIR location: "file":line:col.
 _FRAME = re.compile(r'"([^"]+)":(\d+):\d+')
@@ -37,11 +36,6 @@ _WRAPPER = re.compile(r"^(?:" + "|".join(map(re.escape,
                                              _SCOPE_PATH["wrappers"]))
                       + r")\((.*)\)$")
 _DRIVER_NAMES = frozenset({"", *_SCOPE_PATH["driver_names"]})
-# The phases of a training step, in report order.
-PHASES = ("forward", "backward", "optimizer")
-# Ops that follow their neighbours and would swamp the headline counts.
-_FOLLOWERS = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.constant",
-                        "stablehlo.iota"})
 # The precision ids the passes write (the contract's).
 LOW, F32, UNCHANGED = contract.precisions()
 # The keys of the report JSON and of each op's record in it (the contract's).
@@ -53,14 +47,6 @@ def _unwrap(segment: str) -> str:
   while (match := _WRAPPER.match(segment)):
     segment = match[1]
   return segment
-
-
-def _ops(count: int) -> str:
-  return f"{count} op" if count == 1 else f"{count} ops"
-
-
-def _mib(count: int) -> str:
-  return f"{count / 2**20:.1f} MiB"
 
 
 class Located:
@@ -105,9 +91,11 @@ class Located:
     first: its transpose is the backward pass and its `jvp` the forward
     pass, whichever library the op's lines are in (an optax loss is part
     of the model's passes). Of the other ops, those with optax frames are
-    the optimizer's."""
+    the optimizer's. An op whose name is only the passes' tags
+    (``[amp_fp8=0]``: a module printed without JAX's locations) has no
+    phase either."""
     match = _NAME.match(self.loc)
-    if not match:
+    if not match or not _TAG.sub("", match[1]):
       return ""
     if "transpose(" in match[1]:
       return "backward"
@@ -255,14 +243,111 @@ class Collective:
   bytes: int
   # The decision for that op (its precision, and why, as people read
   # it): the one that left the value in this dtype. Empty where the op made
-  # no decision (the loss scale's own, or an op XLA named otherwise).
+  # no decision (the loss scale's own, or an op XLA named otherwise), and
+  # for a combined collective, whose values each have their own.
   precision: str = ""
   reason: str = ""
+  # A collective XLA's combiner made of several (a gradient all-reduce of
+  # every layer): the values it moves, one group per op they come from
+  # (`count` values of that op, their bytes, its decision). `op` is then
+  # the combined name XLA gives it. Empty for any other.
+  values: tuple["Collective", ...] = ()
+
+
+def _combined_names(name: str) -> tuple[str, ...]:
+  """The names of the ops a collective XLA's combiner made joins, each
+  whole; `(name,)` for one it did not make. The combiner names it after
+  them: their common path, then the rest of each name in parentheses,
+  joined by ':' (`jit(f)/(transpose(jvp())/dot_general:jvp()/reduce_sum)`)."""
+  start = next((i for i, char in enumerate(name)
+                if char == "(" and (i == 0 or name[i - 1] == "/")), None)
+  if start is None or not name.endswith(")"):
+    return (name,)
+  names, depth, begin = [], 0, start + 1
+  for i, char in enumerate(name[start + 1:-1], start + 1):
+    depth += {"(": 1, ")": -1}.get(char, 0)
+    if char == ":" and depth == 0:
+      names.append(name[begin:i])
+      begin = i + 1
+  names.append(name[begin:-1])
+  if len(names) < 2 or depth != 0:
+    return (name,)
+  return tuple(name[:start] + part for part in names)
+
+
+def _decisions_by_op(decisions: tuple[OpDecision, ...]
+                     ) -> dict[str, tuple[str, str]]:
+  """Op path -> the decision (precision, reason as people read it) of
+  that name: the most common one among the decisions of that name (the
+  same op in every layer)."""
+  by_op: dict[str, collections.Counter] = {}
+  for d in decisions:
+    match = _NAME.match(d.loc)
+    if match:
+      by_op.setdefault(_op_path(match[1]), collections.Counter())[
+          (d.precision, d.reason)] += 1
+  return {op: counter.most_common(1)[0][0] for op, counter in by_op.items()}
+
+
+def _values(names: tuple[str, ...], moved: tuple[hlo.Shape, ...],
+            dtype: str) -> list[tuple[str, int]]:
+  """The op and bytes of each value of `dtype` a combined collective
+  moves: XLA names its ops in the order of the arrays it moves. Where
+  their counts differ, every name with no bytes (the whole keeps them)."""
+  if len(names) != len(moved):
+    return [(_op_path(name), 0) for name in names]
+  return [(_op_path(name), array.nbytes)
+          for name, array in zip(names, moved) if array.dtype == dtype]
+
+
+def _merge_values(group: Collective, values: list[tuple[str, int]],
+                  decided: Mapping[str, tuple[str, str]]
+                  ) -> tuple[Collective, ...]:
+  """`group`'s values with `values` added, one record per op, largest
+  first."""
+  merged = {c.op: c for c in group.values}
+  for op, nbytes in values:
+    seen = merged.get(op) or Collective(group.kind, group.dtype, op, 0, 0,
+                                        *decided.get(op, ("", "")))
+    merged[op] = dataclasses.replace(seen, count=seen.count + 1,
+                                     bytes=seen.bytes + nbytes)
+  return tuple(sorted(merged.values(), key=lambda c: (-c.bytes, -c.count)))
+
+
+def group_collectives(decisions: tuple[OpDecision, ...],
+                      module: hlo.Module) -> tuple[Collective, ...]:
+  """The program's collectives grouped by kind, dtype and the op they
+  serve (counted in the group of the dtype of the first array they move),
+  each with that op's decision, largest first; a combined one with its
+  values grouped by their ops (`Collective.values`)."""
+  decided = _decisions_by_op(decisions)
+  groups: dict[tuple[str, str, str], Collective] = {}
+  for collective in module.collectives():
+    name = _TAG.sub("", collective.op_name)
+    names, op = _combined_names(name), _op_path(name)
+    moved = collective.moved
+    first = moved[0].dtype if moved else ""
+    for dtype in dict.fromkeys([first, *(a.dtype for a in moved)]):
+      key = (collective.kind, dtype, op)
+      group = groups.get(key) or Collective(
+          collective.kind, dtype, op, 0, 0,
+          *(decided.get(op, ("", "")) if len(names) == 1 else ("", "")))
+      values = (_values(names, moved, dtype)
+                if len(names) > 1 and (dtype == first or
+                                       len(names) == len(moved)) else [])
+      groups[key] = dataclasses.replace(
+          group, count=group.count + (dtype == first),
+          bytes=group.bytes + sum(a.nbytes for a in moved
+                                  if a.dtype == dtype),
+          values=_merge_values(group, values, decided) if values
+          else group.values)
+  return tuple(sorted(groups.values(), key=lambda c: -c.bytes))
 
 
 @dataclasses.dataclass(frozen=True)
 class Report:
-  """The decisions of one rewrite.
+  """The decisions of one rewrite: a record, whose text (`str(report)`)
+  report_text.py renders.
 
   ``lowered`` and ``kept_f32`` count ops by name; ``kept_f32_reasons`` groups
   the kept ops by the reason they stayed f32; ``bytes_before`` and
@@ -283,7 +368,7 @@ class Report:
   # What XLA kept of the stored values and FP8 GEMMs, if compiled.
   xla: survival.Survival | None = None
   # What the compiled program moves between devices, if it is partitioned.
-  collectives: tuple["Collective", ...] = ()
+  collectives: tuple[Collective, ...] = ()
   # numerics="provenance": the step's regions, in bit order.
   regions: tuple[Region, ...] = ()
   # fp8_fallback: the GEMMs a training step moved to the compute dtype
@@ -294,19 +379,7 @@ class Report:
   def from_json(cls, text: str, *, policy: str, level: str,
                 target: str) -> "Report":
     data = json.loads(text)
-    k = _OP_KEY
-    decisions = tuple(
-        OpDecision(op=d[k.op], precision=d[k.precision],
-                   reason_id=d[k.reason], loc=d[k.loc],
-                   detail=d.get(k.detail, ""), group=d.get(k.group),
-                   stored=k.stored in d, gemm=d.get(k.gemm, ""),
-                   gemm_reason_id=d.get(k.gemm_reason, ""),
-                   gemm_detail=d.get(k.gemm_detail, ""),
-                   stored_index=d.get(k.stored), fp8_index=d.get(k.fp8),
-                   gemm_index=d.get(k.gemm_index),
-                   stats_index=d.get(k.gemm_stats),
-                   stats_formats=tuple(d.get(k.gemm_stats_formats, ())))
-        for d in data[_KEY.ops])
+    decisions = tuple(_decision_from_json(d) for d in data[_KEY.ops])
     r = contract.report_region_keys()
     regions = tuple(
         Region(index=i, loc=d[r.loc],
@@ -325,7 +398,8 @@ class Report:
   def with_compiled(self, hlo_text: str) -> "Report":
     """The report with what XLA kept, read from the optimized program
     (`Compiled.as_text()`): whether each stored value is a low-precision
-    buffer and each FP8 dot an FP8 GEMM."""
+    buffer and each FP8 dot an FP8 GEMM, and what it moves between
+    devices."""
     module = hlo.Module.parse(hlo_text)
     return dataclasses.replace(
         self, xla=survival.read(
@@ -334,33 +408,7 @@ class Report:
                     if d.stored_index is not None],
             fp8=[d.fp8_index for d in self.decisions
                  if d.fp8_index is not None]),
-        collectives=self._collectives(module))
-
-  def _collectives(self, module: "hlo.Module") -> tuple[Collective, ...]:
-    """The program's collectives grouped by kind, dtype and the op they
-    serve, each with that op's decision (the most common one among the
-    decisions of that name: the same op in every layer), largest first."""
-    by_op: dict[str, collections.Counter] = {}
-    for d in self.decisions:
-      match = _NAME.match(d.loc)
-      if match:
-        by_op.setdefault(_op_path(match[1]), collections.Counter())[
-            (d.precision, d.reason)] += 1
-    groups: dict[tuple[str, str, str], list[int]] = {}
-    for collective in module.collectives():
-      op = _op_path(collective.op_name)
-      for array in collective.moved:
-        entry = groups.setdefault((collective.kind, array.dtype, op), [0, 0])
-        entry[1] += array.nbytes
-      groups[(collective.kind, collective.moved[0].dtype if
-              collective.moved else "", op)][0] += 1
-    found = []
-    for (kind, dtype, op), (count, nbytes) in groups.items():
-      decided = by_op.get(op)
-      precision, reason = decided.most_common(1)[0][0] if decided else ("", "")
-      found.append(Collective(kind, dtype, op, count, nbytes, precision,
-                              reason))
-    return tuple(sorted(found, key=lambda c: -c.bytes))
+        collectives=group_collectives(self.decisions, module))
 
   def lost_in_xla(self, fused_away: bool = True) -> list[str]:
     """One line per stored value or FP8 GEMM that XLA did not keep, with
@@ -368,21 +416,7 @@ class Report:
     leaves out the stored values whose rounding XLA computed inside the
     fusion that reads them: nothing is stored there, in either precision
     (XLA:CPU does it with f16, and with values it reads right away)."""
-    if self.xla is None:
-      return []
-    ignored = (None, survival.KEPT) + (() if fused_away else
-                                       (survival.FUSED_AWAY,))
-    lines = []
-    for d in self.decisions:
-      status = (self.xla.stored.get(d.stored_index)
-                if d.stored_index is not None else None)
-      if status not in ignored:
-        lines.append(f"stored value of {d.op} at {d.where}: {status}")
-      status = (self.xla.fp8.get(d.fp8_index)
-                if d.fp8_index is not None else None)
-      if status not in (None,) + survival.KEPT_FP8:
-        lines.append(f"FP8 GEMM {d.op} at {d.where}: {status}")
-    return lines
+    return report_text.lost_in_xla(self, fused_away)
 
   @property
   def lowered(self) -> collections.Counter:
@@ -452,141 +486,20 @@ class Report:
                       for d in self.decisions],
     }
 
-  def _fp8_lines(self, compute: str) -> list[str]:
-    """The summary's lines on FP8 GEMMs: which, why not, what moved."""
-    lines = []
-    fp8 = self.fp8_gemms
-    if fp8:
-      formats = collections.Counter(d.gemm for d in fp8)
-      lines.append(f"  FP8 GEMMs: {_ops(len(fp8))} (" + ", ".join(
-          f"{text}: {n}" for text, n in formats.most_common()) + ")")
-    ineligible = collections.Counter(
-        d.gemm_reason_id for d in self.decisions if d.gemm_reason_id)
-    for reason_id, n in ineligible.most_common():
-      text = contract.fp8_reason_text(reason_id)
-      lines.append(f"  kept in {compute}, not FP8: {text}: {_ops(n)}")
-      # Each GEMM's own detail (its sizes).
-      details = collections.Counter(
-          d.gemm_detail for d in self.decisions
-          if d.gemm_reason_id == reason_id and d.gemm_detail)
-      lines += [f"    {detail}: {_ops(count)}"
-                for detail, count in details.most_common()]
-    if self.fp8_fallbacks:
-      lines.append(f"  moved to {compute} by fp8_fallback, from measured "
-                   "statistics (the step was compiled again):")
-      lines += [f"    {line}" for line in self.fp8_fallbacks]
-    return lines
-
   def __str__(self) -> str:
-    def names(counter: collections.Counter) -> str:
-      return ", ".join(f"{op.split('.', 1)[-1]} {n}"
-                       for op, n in counter.most_common())
-    compute = self.policy.split("c=")[1].split(",")[0]
-    lowered = self.lowered
-    kept = [d for d in self.decisions
-            if d.precision == F32 and d.op not in _FOLLOWERS]
-    followers = sum(1 for d in self.decisions
-                    if d.precision == F32 and d.op in _FOLLOWERS)
-    lines = [
-        f"amp-insert-converts: policy {self.policy}, level {self.level}, "
-        f"target {self.target}",
-        f"  lowered to {compute}: {_ops(sum(lowered.values()))}"
-        + (f" ({names(lowered)})" if lowered else ""),
-        f"  kept f32: {_ops(len(kept))}"
-        + (f" (and {followers} broadcasts and constants, which follow "
-           "their readers)" if followers else ""),
-    ]
+    return report_text.render(self)
 
-    def reasons(decisions: list[OpDecision], indent: str) -> None:
-      by_reason: dict[str, collections.Counter] = {}
-      for d in decisions:
-        by_reason.setdefault(d.reason, collections.Counter())[d.op] += 1
-      for reason, ops in sorted(by_reason.items(),
-                                key=lambda item: -sum(item[1].values())):
-        lines.append(f"{indent}{reason}: {sum(ops.values())} ({names(ops)})")
 
-    phases = {phase: [d for d in kept if d.phase == phase]
-              for phase in PHASES}
-    if all(d.phase for d in kept) and sum(map(bool, phases.values())) > 1:
-      for phase, decisions in phases.items():
-        if decisions:
-          lines.append(f"    {phase}: {_ops(len(decisions))}")
-          reasons(decisions, "      ")
-    else:
-      reasons(kept, "    ")
-    stored = self.stored_low
-    if stored:
-      lines.append(f"  f32 results stored in {compute}: "
-                   f"{_ops(sum(stored.values()))} ({names(stored)})")
-    lines += self._fp8_lines(compute)
-    unchanged = self.unchanged
-    if unchanged:
-      lines.append(f"  left as they are (no f32 values, or already low "
-                   f"precision): {_ops(sum(unchanged.values()))} "
-                   f"({names(unchanged)})")
-    lines.append(f"  converts inserted: {self.converts_inserted} "
-                 f"(module has {self.converts_total})")
-    if self.bytes_before or self.bytes_after:
-      def by_dtype(table: Mapping[str, int]) -> str:
-        return ", ".join(f"{dtype} {_mib(n)}" for dtype, n in
-                         sorted(table.items(), key=lambda kv: -kv[1])) or "none"
-      # A size of the program, not its memory: XLA reuses buffers and
-      # fuses values away (compile() adds its figures on the next line).
-      lines.append("  float values computed, by dtype (every SSA value "
-                   "once, not memory use): before "
-                   f"{by_dtype(self.bytes_before)}; after "
-                   f"{by_dtype(self.bytes_after)}")
-    lines.extend(self._compiled_text(compute))
-    if self.collectives:
-      lines.extend(self._collectives_text())
-    return "\n".join(lines)
-
-  def _compiled_text(self, compute: str) -> list[str]:
-    """What compile() added: XLA's memory figures, and which decisions the
-    compiled program kept."""
-    lines = []
-    if self.memory:
-      lines.append("  XLA memory (after compile()): " + ", ".join(
-          f"{k} {_mib(v)}" for k, v in self.memory.items()))
-    if self.xla is not None:
-      kept = sum(v == survival.KEPT for v in self.xla.stored.values())
-      gemms = sum(v == survival.FP8_GEMM for v in self.xla.fp8.values())
-      emulated = sum(v == survival.EMULATED for v in self.xla.fp8.values())
-      parts = []
-      if self.xla.stored:
-        parts.append(f"{kept} of {len(self.xla.stored)} stored values are "
-                     f"{compute} buffers")
-      if self.xla.fp8:
-        parts.append(f"{gemms} of {len(self.xla.fp8)} FP8 dots are FP8 GEMMs"
-                     + (f", {emulated} emulated (FP8 operands widened)"
-                        if emulated else ""))
-      if parts:
-        lines.append("  kept by XLA: " + "; ".join(parts))
-      for line in self.lost_in_xla():
-        lines.append(f"    not kept: {line}")
-    return lines
-
-  def _collectives_text(self, shown: int = 10) -> list[str]:
-    """Bytes moved per device by kind and dtype, then the largest groups
-    with the decision that set their dtype."""
-    totals: collections.Counter = collections.Counter()
-    for c in self.collectives:
-      totals[f"{c.kind} {c.dtype}"] += c.bytes
-    lines = [f"  collectives per device: {_mib(sum(totals.values()))} ("
-             + ", ".join(f"{name} {_mib(n)}" for name, n in
-                         totals.most_common()) + ")"]
-    for c in self.collectives[:shown]:
-      why = f"{c.precision}: {c.reason}" if c.precision else \
-          "no decision of ours"
-      # A low op's value moved in f32: on CPU that is XLA's doing, not the
-      # decision's (docs/sharding.md).
-      if (self.target == contract.values("target").cpu and c.dtype == _XLA_F32
-          and c.precision == LOW):
-        why += " (XLA:CPU runs bf16 collectives in f32)"
-      lines.append(f"    {c.kind} {c.dtype} {_mib(c.bytes)} "
-                   f"({c.count}x) for {c.op or '?'}: {why}")
-    if len(self.collectives) > shown:
-      rest = sum(c.bytes for c in self.collectives[shown:])
-      lines.append(f"    and {len(self.collectives) - shown} more groups, "
-                   f"{_mib(rest)}")
-    return lines
+def _decision_from_json(d: Mapping[str, Any]) -> OpDecision:
+  """One op's decision from its record in the report JSON."""
+  k = _OP_KEY
+  return OpDecision(op=d[k.op], precision=d[k.precision],
+                    reason_id=d[k.reason], loc=d[k.loc],
+                    detail=d.get(k.detail, ""), group=d.get(k.group),
+                    stored=k.stored in d, gemm=d.get(k.gemm, ""),
+                    gemm_reason_id=d.get(k.gemm_reason, ""),
+                    gemm_detail=d.get(k.gemm_detail, ""),
+                    stored_index=d.get(k.stored), fp8_index=d.get(k.fp8),
+                    gemm_index=d.get(k.gemm_index),
+                    stats_index=d.get(k.gemm_stats),
+                    stats_formats=tuple(d.get(k.gemm_stats_formats, ())))

@@ -11,7 +11,7 @@ compiled program with no host round trip.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, Sequence
 
 import inspect
 import sys
@@ -471,7 +471,13 @@ def value_and_grad(fun: Callable,
   ``numerics="provenance"`` or ``"stats"`` a fourth element holds what the
   program measured, as in `train_step`'s metrics: ``{"nonfinite":
   NonFinite}`` or ``{"gemm_stats": GemmStats}``, read with `amp.explain`
-  and ``vg.lower(...).report()``.
+  and ``vg.lower(...).report()``. The length is fixed when `vg` is made,
+  never per call. It is not the same for every ``numerics=`` because a
+  fourth element present always would break the three-element unpacking
+  every loop without measurements writes (``(value, grads), finite, ls =
+  vg(...)``, as this docstring's example and `PrecisionHandler` do);
+  measuring is asked for, like `amp.transform(f, numerics=...)`, which
+  returns ``(outputs, measured)`` in place of ``outputs``.
 
   >>> import jax.numpy as jnp, stablehlo_amp as amp
   >>> vg = amp.value_and_grad(lambda w, x: jnp.sum((x @ w) ** 2))
@@ -597,12 +603,25 @@ def _loss_with_model_state(loss_fn: Callable, has_aux: bool, model_state: Any,
   return loss_of
 
 
+class StepOutputs(NamedTuple):
+  """What a training step's program returns. A NamedTuple is a pytree
+  whose leaves flatten in field order, and that order is the program's:
+  the loss and aux first, then the new state, each leaf of which
+  amp-loss-scale keeps only where the gradients are finite (the step
+  pairs them with its inputs by position after the first two)."""
+  loss: Any
+  aux: Any           # the loss function's aux; None without has_aux
+  params: Any        # the new parameters
+  opt_state: Any     # the new optimizer state
+  model_state: Any   # the new model state; None without one
+
+
 def _step_function(loss_fn: Callable, optimizer: Any, has_aux: bool,
                    with_state: bool) -> Callable:
   """The step the program is lowered from: ``(params, opt_state,
-  model_state, batch, seed) -> (loss, aux, new_params, new_opt_state,
-  new_model_state)``, the optimizer working on f32 values of the float
-  parameters (`optimizer_view`); the other leaves pass through."""
+  model_state, batch, seed) -> StepOutputs``, the optimizer working on f32
+  values of the float parameters (`optimizer_view`); the other leaves pass
+  through."""
   import optax
 
   def step(params, opt_state, model_state, batch, seed):
@@ -621,7 +640,7 @@ def _step_function(loss_fn: Callable, optimizer: Any, has_aux: bool,
         lambda new, old: old if new is None else new,
         optax.apply_updates(view, updates), params,
         is_leaf=lambda x: x is None)
-    return loss, aux, new_params, opt_state, new_state
+    return StepOutputs(loss, aux, new_params, opt_state, new_state)
   return step
 
 
@@ -795,15 +814,17 @@ class TrainStep(_LossScaledProgram):
         self._signature, (state.params, state.opt_state, state.model_state,
                           batch, seed), f32_leaves=low_state)
     inner = self._inner[state.model_state is not None]
-    out_shapes = jax.eval_shape(inner, *export_args)
+    _, opt_state, model_state, _, _ = export_args
+    out = jax.eval_shape(inner, *export_args)
     _check_same_types(f"{function_name(self.fun)} must return a new model "
-                      "state", export_args[2], out_shapes[4])
+                      "state", model_state, out.model_state)
     _check_same_types("the optimizer's update must return an optimizer state",
-                      export_args[1], out_shapes[3])
+                      opt_state, out.opt_state)
     # The new parameters, optimizer state and model state are the outputs
-    # after the loss and aux; each is the new value of the input leaf in the
-    # same place, kept only when the gradients are finite.
-    loss_aux = len(_leaves(out_shapes[:2]))
+    # after the loss and aux (StepOutputs' order); each is the new value of
+    # the input leaf in the same place, kept only when the gradients are
+    # finite.
+    loss_aux = len(_leaves((out.loss, out.aux)))
     carried = len(_leaves((state.params, state.opt_state,
                            state.model_state)))
     program = self._build(self._program_key(state, batch), inner,
@@ -820,17 +841,17 @@ class TrainStep(_LossScaledProgram):
     fields = state._asdict()
     outputs, extra = program.call(
         leaves, ts.appended_inputs(program, fields, step))
-    loss, aux, params, opt_state, model_state = jax.tree_util.tree_unflatten(
-        program.out_tree, outputs)
-    state = state._replace(params=params, opt_state=opt_state,
-                           model_state=model_state,
+    out: StepOutputs = jax.tree_util.tree_unflatten(program.out_tree,
+                                                    outputs)
+    state = state._replace(params=out.params, opt_state=out.opt_state,
+                           model_state=out.model_state,
                            **ts.taken_fields(program, fields, extra, step))
     state = state._replace(**dict(zip(
         ts.CARRIED, ts.keep_shardings(tuple(getattr(state, f) for f in
                                             ts.CARRIED), shardings))))
     state, finite, state_finite = _count_skip(self, program, fields, extra,
-                                              state, loss)
-    metrics = {"loss": loss, "grads_finite": finite,
+                                              state, out.loss)
+    metrics = {"loss": out.loss, "grads_finite": finite,
                "loss_scale": jnp.asarray(state.loss_scale.loss_scale,
                                          jnp.float32),
                "skipped_steps": state.skipped_steps}
@@ -838,7 +859,7 @@ class TrainStep(_LossScaledProgram):
       metrics["state_finite"] = state_finite
     metrics.update(numerics.measurements(program.extra_out_roles, extra))
     if self.has_aux:
-      metrics["aux"] = aux
+      metrics["aux"] = out.aux
     return state, metrics
 
 
