@@ -356,16 +356,18 @@ _OURS_KEYS = {"storage": ("f32", "compute"), "level": ("O1", "O2", "O3"),
               "rounding": ("nearest", "stochastic", "kahan"),
               "moments": ("bf16", "f8"),
               "numerics": ("stats", "provenance"),
-              "dot": ("f32", "compute"), "decisions": ("exact", "gate")}
+              "dot": ("f32", "compute"), "decisions": ("exact", "gate"),
+              "target": ("cpu", "gpu")}
 
 
 def _ours_options(variant: str) -> dict:
   """`ours-{bf16,f16}[-storage-X][-level-X][-gemm-X][-scaling-X]
   [-params-bf16][-rounding-X][-moments-bf16][-numerics-X][-dot-X]
-  [-decisions-X]`: the options of amp.train_step a variant name asks for
-  (`gemm` and `params` go into the policy, `scaling` is `fp8_scaling`,
+  [-decisions-X][-target-X]`: the options of amp.train_step a variant name
+  asks for (`gemm` and `params` go into the policy, `scaling` is `fp8_scaling`,
   `rounding` is `update_rounding`, `moments` is `opt_state_dtype`, `dot`
-  is `dot_result`)."""
+  is `dot_result`; `-target-gpu` trains the program rewritten for a GPU on
+  this machine: the GPU's numerics, not its time)."""
   parts = variant.split("-")[2:]
   options = {}
   while parts:
@@ -425,6 +427,7 @@ def build(variant: str, model: common.Model, batch,
       policy += ",gemm=" + options.pop("gemm")
     if "params" in options:
       policy = policy.replace("p=f32", "p=" + options.pop("params"), 1)
+    target = options.pop("target", target)
     return build_ours(model, batch, variant, policy, f16, target,
                       donate=donate, **options)
   if variant == "ours-bf16-transform":
