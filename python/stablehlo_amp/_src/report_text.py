@@ -157,7 +157,7 @@ def _gradient_format_lines(report: Report, fp8: list[OpDecision]
   train_step and value_and_grad mark and a jax.jit step does not."""
   gemm = report.policy.partition("gemm=")[2].split(",")[0]
   if (gemm != contract.values("gemm").f8
-      or any("f8e5m2" in d.gemm for d in fp8)):
+      or any(contract.values("gemm").f8e5m2 in d.gemm for d in fp8)):
     return []
   # GEMMs known to be forward (or optimizer) ones read no gradient; one
   # of no known phase (no JAX locations) may.
