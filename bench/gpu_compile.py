@@ -40,6 +40,8 @@ The variants:
                       ours-f16-numerics-provenance
   ours-bf16-storage-f32   ours-bf16 with storage="f32"
   ours-bf16-no-remat  ours-bf16 with rematerialize=False
+  ours-bf16-remat-memory  ours-bf16 with rematerialize_for="memory" (every
+                      cheap recomputation, whatever it costs in kernels)
   ours-bf16-moments-bf16  ours-bf16 with opt_state_dtype="bf16"
   ours-bf16-params-bf16-stochastic  "p=bf16,c=bf16,o=f32" with
                       update_rounding="stochastic" (bf16 master weights)
@@ -148,6 +150,7 @@ VARIANTS = ("f32", "ours-bf16", "ours-f16", "ours-bf16-gemm-f8",
             "ours-bf16-gemm-f8-numerics-stats",
             "ours-bf16-numerics-provenance", "ours-f16-numerics-provenance",
             "ours-bf16-storage-f32", "ours-bf16-no-remat",
+            "ours-bf16-remat-memory",
             "ours-bf16-moments-bf16", "ours-bf16-params-bf16-stochastic",
             "ours-bf16-params-bf16-stochastic-moments-bf16",
             "ours-bf16-params-bf16-kahan-moments-bf16",
@@ -184,6 +187,8 @@ OURS = {
                                      {"numerics": "provenance"}),
     "ours-bf16-storage-f32": ("p=f32,c=bf16,o=f32", {"storage": "f32"}),
     "ours-bf16-no-remat": ("p=f32,c=bf16,o=f32", {"rematerialize": False}),
+    "ours-bf16-remat-memory": ("p=f32,c=bf16,o=f32",
+                               {"rematerialize_for": "memory"}),
     # Low-precision training state: bf16 Adam moments, bf16 parameters
     # rounded stochastically or with Kahan compensation.
     "ours-bf16-moments-bf16": ("p=f32,c=bf16,o=f32",

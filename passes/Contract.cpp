@@ -506,6 +506,10 @@ llvm::Expected<std::string> canonicalDotResult(llvm::StringRef value, Target) {
 llvm::Expected<std::string> canonicalDecisions(llvm::StringRef value, Target) {
   return canonical(parseDecisions(value), decisionsName);
 }
+llvm::Expected<std::string> canonicalRematerializeFor(llvm::StringRef value,
+                                                      Target) {
+  return canonical(parseRematerializeFor(value), rematerializeForName);
+}
 llvm::Expected<std::string> canonicalReduceDtype(llvm::StringRef value,
                                                  Target) {
   return canonicalReduceDtypeName(value);
@@ -682,6 +686,9 @@ const EntryOption kEntryOptions[] = {
                "On a training step, recompute cheap elementwise residuals in "
                "the backward pass instead of keeping them")
         .withTargetDefaults(rematerializeDefault),
+    EntryOption("rematerialize_for", "amp-rematerialize", "for",
+                OptionKind::Choice)
+        .canonicalizedBy(canonicalRematerializeFor),
     // Delayed scaling keeps state; the others are accepted everywhere.
     EntryOption("fp8_scaling", kFp8Gemms, "scaling", OptionKind::Choice)
         .canonicalizedBy(canonicalFp8Scaling)
@@ -848,6 +855,7 @@ llvm::json::Object rematerializeJson() {
     targetDefaults[name] =
         defaultRematerialize(llvm::cantFail(parseTarget(name)));
   llvm::json::Object options{
+      {"for", option(remat.goal, rematerializeForNames())},
       {"min-elements", option(remat.minElements)},
       {"max-ops", option(remat.maxOps)},
   };

@@ -206,27 +206,20 @@ def AmpRematerializePass : Pass<"amp-rematerialize", "::mlir::ModuleOp"> {
   let summary = "Recomputes cheap elementwise residuals in the backward pass "
                 "from values the backward pass keeps anyway.";
   let description = [{
-    Runs on a training step (a public function with an argument marked
-    `amp.loss_seed`, or a vjp program with `amp.cotangent` arguments),
-    after `amp-insert-converts` and `amp-fp8-gemms` and before
-    `amp-loss-scale`. The backward pass is what derives from those
-    arguments; its residuals are the forward values it reads.
+    Runs on a training step (an argument marked `amp.loss_seed`, or
+    `amp.cotangent` arguments), before `amp-loss-scale`. Its residuals are
+    the forward values the backward pass reads.
 
-    In program order, each residual of at least `min-elements` elements
-    made by an elementwise op (or a broadcast or reshape) is recomputed
-    right before its first backward reader when the recomputation is free:
-    every backward reader fuses it (an elementwise op, a reduction, a
-    transpose; not a matrix multiply), and all it reads is written anyway:
-    a kept residual, a matrix multiply's or stored value no larger than
-    the residual, a value at least 64 times smaller that no reduction
-    makes (a reduction's result lives inside XLA's fused normalization),
-    a constant, or a value from outside its block. A row max (softmax's)
-    is recomputed with its readers: a maximum is exact in any order. A
-    residual made from
-    arguments alone is kept. A recomputation is at most `max-ops` ops;
-    residuals first read by the same op share one. It reads its leaves
-    through one `stablehlo.optimization_barrier`, so XLA's CSE does not
-    merge it back into the forward pass.
+    A residual elementwise ops make is recomputed before its first
+    backward reader when that is free: every backward reader fuses it (an
+    elementwise op, a reduction, a transpose; not a matrix multiply), and
+    it reads only what is written anyway (a kept residual, a matrix
+    multiply's result or a stored value no larger than it, a small value
+    no reduction makes, a constant; a row max is recomputed too). It reads
+    its leaves through one `stablehlo.optimization_barrier`, so that XLA's
+    CSE does not merge it back. `for=memory` recomputes every residual
+    made from kept or small values, whatever reads it (docs/DESIGN.md,
+    "Decisions with a price").
 
     Before (a GELU-like residual, `%t` read by the backward pass):
     ```mlir
@@ -248,6 +241,11 @@ def AmpRematerializePass : Pass<"amp-rematerialize", "::mlir::ModuleOp"> {
     ```
   }];
   let options = [
+    Option<"goal", "for", "std::string", "\"speed\"",
+           "What a recomputation may trade: speed (only what costs no "
+           "kernel and no bytes, the default) or memory (every cheap "
+           "recomputation from kept values, which splits XLA's fused "
+           "normalizations)">,
     Option<"minElements", "min-elements", "int64_t", "4096",
            "Residuals smaller than this are kept">,
     Option<"maxOps", "max-ops", "int64_t", "64",

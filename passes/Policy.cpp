@@ -109,6 +109,9 @@ constexpr Storage kStorages[] = {Storage::F32, Storage::Compute};
 constexpr llvm::StringRef kReduceDtypeNames[] = {"f32", "compute"};
 constexpr llvm::StringRef kDecisionsNames[] = {"exact", "gate"};
 constexpr Decisions kDecisions[] = {Decisions::Exact, Decisions::Gate};
+constexpr llvm::StringRef kRematerializeForNames[] = {"speed", "memory"};
+constexpr RematerializeFor kRematerializeFors[] = {RematerializeFor::Speed,
+                                                   RematerializeFor::Memory};
 
 } // namespace
 
@@ -412,6 +415,17 @@ llvm::ArrayRef<llvm::StringRef> mlir::amp::decisionsNames() {
 llvm::Expected<Decisions> mlir::amp::parseDecisions(llvm::StringRef text) {
   return parseChoice<Decisions>("decisions", text, kDecisionsNames,
                                 kDecisions);
+}
+llvm::StringRef mlir::amp::rematerializeForName(RematerializeFor goal) {
+  return kRematerializeForNames[static_cast<int>(goal)];
+}
+llvm::ArrayRef<llvm::StringRef> mlir::amp::rematerializeForNames() {
+  return kRematerializeForNames;
+}
+llvm::Expected<RematerializeFor>
+mlir::amp::parseRematerializeFor(llvm::StringRef text) {
+  return parseChoice<RematerializeFor>("goal", text, kRematerializeForNames,
+                                       kRematerializeFors);
 }
 llvm::StringRef mlir::amp::storageName(Storage storage) {
   return kStorageNames[static_cast<int>(storage)];

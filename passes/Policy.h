@@ -103,6 +103,11 @@ enum class DotResult { F32, Compute };
 /// the hidden states that multiply reads stay low precision).
 enum class Decisions { Exact, Gate };
 inline constexpr Decisions kDefaultDecisions = Decisions::Gate;
+/// What rematerialization trades: only recomputations that cost no kernel
+/// and no bytes (speed), or every cheap one that saves memory (memory).
+enum class RematerializeFor { Speed, Memory };
+inline constexpr RematerializeFor kDefaultRematerializeFor =
+    RematerializeFor::Speed;
 /// Where f32 arithmetic keeps its results: in f32, or rounded to the compute
 /// dtype once, right after the producer, when that is safe (see Passes.td).
 enum class Storage { F32, Compute };
@@ -118,6 +123,7 @@ llvm::StringRef dotResultName(DotResult dotResult);
 llvm::StringRef storageName(Storage storage);
 llvm::StringRef reduceDtypeName(ReduceDtype reduce);
 llvm::StringRef decisionsName(Decisions decisions);
+llvm::StringRef rematerializeForName(RematerializeFor goal);
 
 llvm::ArrayRef<llvm::StringRef> levelNames();
 llvm::ArrayRef<llvm::StringRef> targetNames();
@@ -125,6 +131,7 @@ llvm::ArrayRef<llvm::StringRef> dotResultNames();
 llvm::ArrayRef<llvm::StringRef> storageNames();
 llvm::ArrayRef<llvm::StringRef> reduceDtypeNames();
 llvm::ArrayRef<llvm::StringRef> decisionsNames();
+llvm::ArrayRef<llvm::StringRef> rematerializeForNames();
 
 /// Each parser accepts the canonical names (levels also in lower case) and
 /// names the accepted ones in its error.
@@ -132,6 +139,7 @@ llvm::Expected<Level> parseLevel(llvm::StringRef text);
 llvm::Expected<Target> parseTarget(llvm::StringRef text);
 llvm::Expected<DotResult> parseDotResult(llvm::StringRef text);
 llvm::Expected<Decisions> parseDecisions(llvm::StringRef text);
+llvm::Expected<RematerializeFor> parseRematerializeFor(llvm::StringRef text);
 /// An empty `text` means the default for `target` and `compute`
 /// (defaultDotResult).
 llvm::Expected<DotResult> parseDotResult(llvm::StringRef text, Target target,

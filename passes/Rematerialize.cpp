@@ -15,6 +15,7 @@
 
 #include "Backward.h"
 #include "PassSupport.h"
+#include "Policy.h"
 #include "Passes.h"
 #include "StableHLO.h"
 
@@ -59,11 +60,15 @@ struct Cone {
 /// Decides, block by block, which residuals are recomputed.
 class ResidualPlan {
 public:
-  ResidualPlan(ModuleOp module, int64_t minElements, int64_t maxOps);
+  ResidualPlan(ModuleOp module, RematerializeFor goal, int64_t minElements,
+               int64_t maxOps);
   llvm::ArrayRef<Recomputation> recomputations() const { return planned; }
 
 private:
   const llvm::DenseSet<Value> backward;
+  /// Speed: only recomputations that cost nothing; memory: the price is
+  /// not asked.
+  const bool priced;
   int64_t minElements, maxOps;
   std::vector<Recomputation> planned;
 
@@ -122,9 +127,10 @@ bool readsBackward(Operation *op, const llvm::DenseSet<Value> &backward) {
   return reads;
 }
 
-ResidualPlan::ResidualPlan(ModuleOp module, int64_t minElements,
-                           int64_t maxOps)
-    : backward(backwardValues(module)), minElements(minElements),
+ResidualPlan::ResidualPlan(ModuleOp module, RematerializeFor goal,
+                           int64_t minElements, int64_t maxOps)
+    : backward(backwardValues(module)),
+      priced(goal == RematerializeFor::Speed), minElements(minElements),
       maxOps(maxOps) {
   if (backward.empty())
     return;
@@ -138,7 +144,7 @@ ResidualPlan::ResidualPlan(ModuleOp module, int64_t minElements,
 /// its last value, and a barrier that reads the statistic splits it.
 bool ResidualPlan::isSmall(Value value, int64_t than) const {
   if (Operation *producer = value.getDefiningOp();
-      producer && shlo::is(producer, "reduce"))
+      priced && producer && shlo::is(producer, "reduce"))
     return false;
   std::optional<int64_t> elements = shlo::numElements(value.getType());
   return elements && (*elements < minElements || *elements * 64 <= than);
@@ -155,12 +161,13 @@ Cone ResidualPlan::coneOf(Value value) const {
       continue;
     Operation *producer = next.getDefiningOp();
     bool inBlock = producer && producer->getBlock() == block;
-    if (inBlock && (shlo::isConstant(producer) || shlo::is(producer, "iota"))) {
+    if (inBlock && (shlo::isConstant(producer) ||
+                    (priced && shlo::is(producer, "iota")))) {
       cone.ops.insert(producer);
       continue;
     }
     if (!inBlock || !(shlo::isElementwiseOrBroadcast(producer) ||
-                      isMaxReduction(producer))) {
+                      (priced && isMaxReduction(producer)))) {
       cone.roots.insert(next);
       continue;
     }
@@ -214,7 +221,7 @@ bool ResidualPlan::readsKept(Value residual, const Cone &cone, Block &block,
            Operation *producer = root.getDefiningOp();
            return !producer || producer->getBlock() != &block ||
                   kept.contains(root) || isSmall(root, size) ||
-                  writtenAnyway(root, residual);
+                  (priced && writtenAnyway(root, residual));
          });
 }
 
@@ -261,8 +268,14 @@ void ResidualPlan::planBlock(Block &block) {
     }
     Cone cone = coneOf(residual);
     if (!readsKept(residual, cone, block, kept) ||
-        !fusesIntoReaders(residual)) {
-      kept.insert(residual);
+        (priced && !fusesIntoReaders(residual))) {
+      // Unpriced, the roots of a complete cone count as kept (XLA keeps
+      // them, or the residual): more is recomputed from them, at the price
+      // of writing them.
+      if (!priced && cone.complete)
+        kept.insert(cone.roots.begin(), cone.roots.end());
+      else
+        kept.insert(residual);
       continue;
     }
     Recomputation plan;
@@ -281,11 +294,7 @@ public:
   using AmpRematerializePassBase::AmpRematerializePassBase;
 
   LogicalResult initialize(MLIRContext *context) override {
-    if (minElements < 1 || maxOps < 1)
-      options.keep(llvm::createStringError(
-          "invalid option '" +
-          llvm::Twine(minElements < 1 ? "min-elements" : "max-ops") +
-          "': must be at least 1"));
+    options.keep(parseOptions());
     return success();
   }
 
@@ -293,7 +302,7 @@ public:
     ModuleOp module = getOperation();
     if (failed(options.report(module)))
       return signalPassFailure();
-    ResidualPlan plan(module, minElements, maxOps);
+    ResidualPlan plan(module, parsedGoal, minElements, maxOps);
     llvm::DenseSet<Value> backward = backwardValues(module);
     for (auto &group : groups(plan.recomputations()))
       recompute(group, backward);
@@ -301,6 +310,16 @@ public:
 
 private:
   OptionCheck options;
+  RematerializeFor parsedGoal = kDefaultRematerializeFor;
+
+  llvm::Error parseOptions() {
+    if (minElements < 1 || maxOps < 1)
+      return llvm::createStringError(
+          "invalid option '" +
+          llvm::Twine(minElements < 1 ? "min-elements" : "max-ops") +
+          "': must be at least 1");
+    return readOption("for", parseRematerializeFor(goal), parsedGoal);
+  }
 
   using Group = llvm::SmallVector<const Recomputation *>;
   /// Recomputations that share ops, together: they are recomputed once,

@@ -11,6 +11,9 @@
 // RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-rematerialize{min-elements=100000})' | FileCheck %s --check-prefix=LARGE
 // RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-rematerialize{max-ops=0})' 2>&1 | FileCheck %s --check-prefix=BADOPT
 // BADOPT: error: invalid option 'max-ops': must be at least 1
+// RUN: amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-rematerialize{for=memory})' | FileCheck %s --check-prefix=MEMORY
+// RUN: not amp-opt %s --split-input-file --pass-pipeline='builtin.module(amp-rematerialize{for=fast})' 2>&1 | FileCheck %s --check-prefix=BADFOR
+// BADFOR: error: invalid option 'for': unknown goal 'fast' (accepted: speed, memory)
 
 // A GELU-like pair: the backward pass reads u (a matrix multiply's result:
 // kept), t = tanh(u) and g = u * t. t and g share their recomputation from
@@ -70,6 +73,13 @@ func.func public @gelu(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %v: tensor
 // CHECK-NEXT: %[[HELD:.*]] = stablehlo.optimization_barrier %[[D]] : tensor<64x128xf32>
 // CHECK-NEXT: %[[E2:.*]] = stablehlo.exponential %[[HELD]]
 // CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[E2]]
+
+// for=memory: p is recomputed from d and the row sums, though XLA then
+// writes the sums apart from the fused softmax.
+// MEMORY-LABEL: func.func public @softmax(
+// MEMORY: %[[D:.*]] = stablehlo.dot_general
+// MEMORY: %[[S:.*]] = stablehlo.reduce
+// MEMORY: stablehlo.optimization_barrier %[[D]], %[[S]] : tensor<64x128xf32>, tensor<64xf32>
 func.func public @softmax(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x128xf32>, tensor<64x128xf32>) {
   %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
   %e = stablehlo.exponential %d : tensor<64x128xf32>
@@ -164,6 +174,11 @@ func.func public @dot_reader(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %v: 
 // CHECK-LABEL: func.func public @statistic_leaf(
 // CHECK-NOT: stablehlo.optimization_barrier
 // CHECK: return
+
+// for=memory recomputes it from x and the mean.
+// MEMORY-LABEL: func.func public @statistic_leaf(
+// MEMORY: %[[S:.*]] = stablehlo.reduce
+// MEMORY: stablehlo.optimization_barrier %{{.*}}, %[[S]] : tensor<64x128xf32>, tensor<64xf32>
 func.func public @statistic_leaf(%x: tensor<64x128xf32>, %w: tensor<128x64xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x64xf32>, tensor<64x128xf32>) {
   %zero = stablehlo.constant dense<0.0> : tensor<f32>
   %s = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>

@@ -139,3 +139,46 @@ def test_without_a_loss_scale_a_step_checks_but_skips_nothing():
   state, metrics = scaled(scaled.init(params), batch)
   assert int(metrics["skipped_steps"]) == 1
   np.testing.assert_array_equal(state.params["w"], params["w"])
+
+
+def _ln_loss(params, batch):
+  # A layer norm whose output the weight gradient's matrix multiply reads:
+  # free to keep, costly to recompute (its statistics are reductions').
+  h = batch @ params["w1"]
+  mean = h.mean(-1, keepdims=True)
+  centred = h - mean
+  normed = centred * jax.lax.rsqrt((centred ** 2).mean(-1, keepdims=True)
+                                   + 1e-6)
+  return jnp.tanh(normed @ params["w2"]).sum()
+
+
+def _barrier_leaves(step, params, batch) -> list[str]:
+  """The operand types of each optimization barrier in the step."""
+  text = step.lower(step.init(params), batch).as_text()
+  return re.findall(r"stablehlo\.optimization_barrier [^:]*: (.*)", text)
+
+
+def test_rematerialization_is_priced_and_memory_asks_for_the_old_trade():
+  params = {"w1": jnp.ones((128, 128)) / 8, "w2": jnp.ones((128, 128)) / 8}
+  batch = jnp.ones((64, 128))
+  def build(**options):
+    return amp.train_step(_ln_loss, optax.sgd(0.1), BF16, target="gpu",
+                          **options)
+  statistic = "tensor<64xf32>"            # a row's mean or variance
+  # Speed (the default) recomputes nothing from a reduction's result: XLA
+  # fuses the norm into one kernel, which a barrier on it would split.
+  speed = _barrier_leaves(build(), params, batch)
+  assert not any(statistic in leaves for leaves in speed), speed
+  # Memory recomputes the normalised values from the statistics.
+  memory = _barrier_leaves(build(rematerialize_for="memory"), params, batch)
+  assert any(statistic in leaves for leaves in memory), memory
+  # Off, only the stored values' own barriers remain.
+  off = _barrier_leaves(build(rematerialize=False), params, batch)
+  assert len(off) < len(speed) <= len(memory)
+
+
+def test_an_unknown_rematerialize_for_names_the_accepted_ones():
+  with pytest.raises(ValueError, match=r"accepted: speed, memory"):
+    amp.train_step(lambda p, b: (b @ p).sum(), optax.sgd(0.1), BF16,
+                   rematerialize_for="fast")
+  assert cli.main(["-", "--rematerialize-for", "fast"]) == 2
