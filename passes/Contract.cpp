@@ -1078,12 +1078,10 @@ llvm::json::Object reportJson() {
                           {"inputs", region_key::kInputs},
                           {"values", region_key::kValues}}}};
 }
-} // namespace
 
-std::string mlir::amp::contractJson() {
-  llvm::json::Object passes = passesJson();
-  llvm::json::Array entryOptions = entryOptionsJson(passes);
-  llvm::json::Object attributes{
+/// The attribute names the passes and the front ends share.
+llvm::json::Object attributesJson() {
+  return llvm::json::Object{
       {"keep_dtype", attr::kKeepDtype},
       {"loss_seed", attr::kLossSeed},
       {"gradient", attr::kGradient},
@@ -1109,11 +1107,17 @@ std::string mlir::amp::contractJson() {
       {"scaled_dot_composite", attr::kScaledDotComposite},
       {"num_partitions", attr::kNumPartitions},
   };
+}
+} // namespace
+
+std::string mlir::amp::contractJson() {
+  llvm::json::Object passes = passesJson();
+  llvm::json::Array entryOptions = entryOptionsJson(passes);
   llvm::json::Object contract{
       {"policy", policyJson()},
       {"passes", std::move(passes)},
       {"options", std::move(entryOptions)},
-      {"attributes", std::move(attributes)},
+      {"attributes", attributesJson()},
       {"loss_scale", lossScaleJson()},
       {"state_roles", stateRolesJson()},
       {"measurements", measurementsJson()},

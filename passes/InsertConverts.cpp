@@ -399,6 +399,8 @@ private:
   OptionCheck options;
 
   llvm::Error parseOptions();
+  /// keep-f32, force-compute and scopes: the per-op and per-layer overrides.
+  llvm::Error parseOverrides();
   void annotateDecisions(const PrecisionAnalysis &analysis);
 };
 
@@ -412,6 +414,29 @@ llvm::Error parseOpNames(llvm::StringRef option,
       return qualified.takeError();
     into.insert(*qualified);
   }
+  return llvm::Error::success();
+}
+
+llvm::Error InsertConvertsPass::parseOverrides() {
+  if (llvm::Error error = parseOpNames("keep-f32", keepF32, parsed.keepF32))
+    return error;
+  if (llvm::Error error =
+          parseOpNames("force-compute", forceCompute, parsed.forceCompute))
+    return error;
+  for (const auto &entry : parsed.forceCompute)
+    if (parsed.keepF32.contains(entry.getKey()))
+      return llvm::createStringError("op '" + entry.getKey() +
+                                     "' is named in both keep-f32 and "
+                                     "force-compute");
+  if (llvm::Error error =
+          ScopeOverrides::parse(scopes).moveInto(parsed.scopes))
+    return error;
+  if (parsed.scopes.has(ScopeChoice::F8) &&
+      parsed.policy.gemm == GemmDtype::Compute)
+    return llvm::createStringError(
+        "invalid option 'scopes': f8 puts a scope's GEMMs in FP8, and "
+        "policy " +
+        parsed.policy.str() + " has none: add gemm=f8 to the policy");
   return llvm::Error::success();
 }
 
@@ -435,25 +460,8 @@ llvm::Error InsertConvertsPass::parseOptions() {
   if (llvm::Error error = readOption(
           "storage", parseStorage(storage, parsed.target), parsed.storage))
     return error;
-  if (llvm::Error error = parseOpNames("keep-f32", keepF32, parsed.keepF32))
+  if (llvm::Error error = parseOverrides())
     return error;
-  if (llvm::Error error =
-          parseOpNames("force-compute", forceCompute, parsed.forceCompute))
-    return error;
-  for (const auto &entry : parsed.forceCompute)
-    if (parsed.keepF32.contains(entry.getKey()))
-      return llvm::createStringError("op '" + entry.getKey() +
-                                     "' is named in both keep-f32 and "
-                                     "force-compute");
-  if (llvm::Error error =
-          ScopeOverrides::parse(scopes).moveInto(parsed.scopes))
-    return error;
-  if (parsed.scopes.has(ScopeChoice::F8) &&
-      parsed.policy.gemm == GemmDtype::Compute)
-    return llvm::createStringError(
-        "invalid option 'scopes': f8 puts a scope's GEMMs in FP8, and "
-        "policy " +
-        parsed.policy.str() + " has none: add gemm=f8 to the policy");
   parsed.strict = strict;
   if (llvm::Error error = readOption(
           "reduce-dtype", parseReduceDtype(reduceDtype, parsed.policy.compute),

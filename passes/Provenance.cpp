@@ -278,9 +278,29 @@ private:
   Value roundedCopy(Value value, int depth = 0);
   void decide(Value value, int64_t region);
   void decideChecks();
+  int64_t operandsRegion(Operation &op);
   void handOn(int64_t region, Value value);
   void collectChecks();
 };
+
+/// The region of an op with no key of its own: its first operand's that is
+/// not an input. An op of inputs alone (the batch's rounding, named as its
+/// argument) gets none (-1): its values are of the input they read, for
+/// the regions that read them.
+int64_t RegionFinder::operandsRegion(Operation &op) {
+  int64_t input = -1;
+  for (Value operand : op.getOperands()) {
+    int64_t from = regionOf(operand);
+    if (from >= 0 && !isInput(from))
+      return from;
+    if (input < 0 && from > 0)
+      input = from;
+  }
+  if (input > 0)
+    for (Value result : op.getResults())
+      passedOn[result] = input;
+  return -1;
+}
 
 /// Puts `op` in a region: the open region of its key (its first operand's
 /// region where it has none), unless that would close a cycle (it reads a
@@ -309,24 +329,9 @@ void RegionFinder::assign(Operation &op) {
   });
   int64_t region = -1;
   if (key.empty()) {
-    int64_t input = -1;
-    for (Value operand : op.getOperands()) {
-      int64_t from = regionOf(operand);
-      if (from >= 0 && !isInput(from)) {
-        region = from;
-        break;
-      }
-      if (input < 0 && from > 0)
-        input = from;
-    }
-    if (region < 0) {
-      // Of inputs alone (the batch's rounding, named as its argument): its
-      // values are of the input they read, for the regions that read them.
-      if (input > 0)
-        for (Value result : op.getResults())
-          passedOn[result] = input;
+    region = operandsRegion(op);
+    if (region < 0)
       return;
-    }
     key = regions[region].key;
   } else if (auto open = openByKey.find(key); open != openByKey.end()) {
     region = open->second;
