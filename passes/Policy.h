@@ -156,17 +156,17 @@ llvm::Expected<Storage> parseStorage(llvm::StringRef text, Target target);
 /// An empty `text` means the target's default (defaultLevel).
 llvm::Expected<Level> parseLevel(llvm::StringRef text, Target target);
 
-/// The storage used when none is asked for. Measured: see Passes.td.
+/// The storage used when none is asked for (docs/DESIGN.md, storage).
 Storage defaultStorage(Target target);
 /// The dot result used when none is asked for: the compute dtype where a
 /// GEMM rounds its f32 accumulator once as it writes (gpu, tpu) and the
 /// compute dtype has f32's range (bf16); f32 elsewhere (XLA:CPU has no such
 /// GEMM; f16 results can overflow where f32 ones do not).
 DotResult defaultDotResult(Target target, Dtype compute);
-/// The level used when none is asked for. Measured: see Passes.td.
+/// The level used when none is asked for (docs/DESIGN.md, levels).
 Level defaultLevel(Target target);
 /// Whether a front end runs amp-rematerialize on a training step when not
-/// told. Measured: see Passes.td.
+/// told (docs/DESIGN.md, "Rematerialization").
 bool defaultRematerialize(Target target);
 /// The effective size M*N/(M+N) below which a GEMM stays out of FP8 by
 /// default on `target`: the H100's roofline on gpu (Contract.h,
