@@ -67,7 +67,7 @@ VENVS := .venvs
 
 .PHONY: all demo test lit pytest doctest sanitize deps build wheel clean \
         test-jax-oldest test-jax-newest test-jax-range test-pypi-llvm \
-        test-survival gpu-compile bench-smoke
+        test-survival gpu-compile gpu-bench bench-smoke
 
 all: build
 
@@ -280,6 +280,11 @@ $(CUDA_VENV)/.deps-$(JAX_CUDA): Makefile
 gpu-compile: $(CUDA_VENV)/.deps-$(JAX_CUDA) build/wheel/.done
 	$(CUDA_VENV)/bin/pip install -q --force-reinstall --no-deps dist/stablehlo_amp-*.whl
 	env JAX_PLATFORMS=cpu $(CUDA_VENV)/bin/python -m bench.gpu_compile
+# On a machine with a CUDA GPU: each variant's step timed (median after a
+# warm-up) beside its estimate; without one it says so.
+gpu-bench: $(CUDA_VENV)/.deps-$(JAX_CUDA) build/wheel/.done
+	$(CUDA_VENV)/bin/pip install -q --force-reinstall --no-deps dist/stablehlo_amp-*.whl
+	$(CUDA_VENV)/bin/python -m bench.gpu_step
 
 demo: build
 	$(PY) examples/demo.py

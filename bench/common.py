@@ -506,6 +506,24 @@ def make_mlp(config: MLPConfig, eval_batches: int = 8, seed: int = 0) -> Model:
 # Compiled-program measurements.
 
 
+def plain_step(loss: Callable, tx, cast_inside: bool) -> Callable:
+  """The training step of the f32 variant, or with `cast_inside` the
+  jmp-style hand cast (parameters and batch cast to bf16 inside the loss,
+  f32 master parameters and optimizer state): (state, batch) -> (state,
+  loss), state = (params, opt_state)."""
+  def step(state, batch):
+    p, o = state
+    use = loss
+    if cast_inside:
+      half = lambda t: tree_cast(t, jnp.bfloat16)
+      use = lambda q, b: loss(half(q), half(b),
+                              output_cast=lambda x: x.astype(jnp.float32))
+    value, grads = jax.value_and_grad(use)(p, batch)
+    updates, o = tx.update(grads, o, p)
+    return (optax.apply_updates(p, updates), o), value
+  return step
+
+
 def tree_cast(tree: Any, dtype) -> Any:
   """Float leaves to `dtype`; everything else unchanged."""
   def cast(x):

@@ -411,16 +411,7 @@ def main(argv=None) -> int:
             abstract(batch, common.batch_sharding(batch, mesh, args.axes)))
 
   def compile_plain(loss, params, batch, tx, cast_params, cast_inside):
-    def step(state, batch):
-      p, o = state
-      half = lambda t: common.tree_cast(t, jnp.bfloat16)
-      use = loss
-      if cast_inside:
-        use = lambda q, b: loss(half(q), half(b),
-                                output_cast=lambda x: x.astype(jnp.float32))
-      value, grads = jax.value_and_grad(use)(p, batch)
-      updates, o = tx.update(grads, o, p)
-      return (optax.apply_updates(p, updates), o), value
+    step = common.plain_step(loss, tx, cast_inside)
     p0 = jax.eval_shape(lambda p: common.tree_cast(p, jnp.bfloat16),
                         params) if cast_params else params
     if cast_params:
