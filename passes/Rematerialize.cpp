@@ -241,14 +241,18 @@ bool ResidualPlan::fusesIntoReaders(Value residual) const {
   });
 }
 
-/// A matrix multiply's result, a custom call's or a stored value (behind
+/// A matrix multiply's result, a library call's or a stored value (behind
 /// its barrier) is written to memory by its own kernel whatever the
 /// backward pass does, so keeping it costs its bytes and no kernel. It
-/// serves as a leaf when it takes no more bytes than the residual.
+/// serves as a leaf when it takes no more bytes than the residual. (A
+/// sharding annotation is a custom call that writes nothing.)
 bool ResidualPlan::writtenAnyway(Value root, Value residual) const {
   Operation *producer = root.getDefiningOp();
+  bool libraryCall = shlo::isCustomCall(producer) &&
+                     !shlo::customCallTarget(producer).starts_with("Sharding") &&
+                     !shlo::customCallTarget(producer).starts_with("SPMD");
   if (!shlo::isDotGeneral(producer) && !shlo::isConvolution(producer) &&
-      !shlo::isCustomCall(producer) && !shlo::isOptimizationBarrier(producer))
+      !libraryCall && !shlo::isOptimizationBarrier(producer))
     return false;
   std::optional<int64_t> rootBytes = byteSize(root.getType());
   std::optional<int64_t> residualBytes = byteSize(residual.getType());

@@ -216,3 +216,21 @@ func.func public @row_max(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: 
   %a = stablehlo.multiply %dy, %e : tensor<64x128xf32>
   return %e, %a : tensor<64x128xf32>, tensor<64x128xf32>
 }
+
+// -----
+
+// A sharding annotation is a custom call that writes nothing: a residual
+// made from what it annotates is kept, as it would be from any value no
+// kernel writes anyway.
+
+// CHECK-LABEL: func.func public @sharding_root(
+// CHECK-NOT: stablehlo.optimization_barrier
+// CHECK: return
+func.func public @sharding_root(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> tensor<64x128xf32> {
+  %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %u = stablehlo.custom_call @Sharding(%d) {mhlo.sharding = "{replicated}"} : (tensor<64x128xf32>) -> tensor<64x128xf32>
+  %t = stablehlo.tanh %u : tensor<64x128xf32>
+  %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
+  %a = stablehlo.multiply %dy, %t : tensor<64x128xf32>
+  return %a : tensor<64x128xf32>
+}
