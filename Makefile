@@ -59,7 +59,7 @@ PYTHON_NEWEST ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python
 # transformations of what it returns), training and CLI tests.
 JAX_END_TESTS := $(addprefix test/python/,test_install.py test_transform.py \
   test_jax_transforms.py test_training.py test_loss_scale.py test_bad_input.py)
-JAX_END_DEPS := "pytest>=8" "lit>=18" "optax>=0.2"
+JAX_END_DEPS := "pytest>=8" "pytest-xdist>=3" "lit>=18" "optax>=0.2"
 # flax and orbax are pinned in the main venv only, to the JAX they support;
 # their checkpoint and nnx tests run there, not at the ends.
 JAX_END_SELECT := -k "not flax and not orbax"
@@ -217,7 +217,7 @@ $(JAX_NEW_VENV)/.installed: $(JAX_NEW_VENV)/.deps $(SOURCES)
 define jax_end_tests
 	cd /tmp && env JAX_PLATFORMS=cpu $(abspath $(1))/bin/python -c \
 	  'import jax, stablehlo_amp; print("jax", jax.__version__, stablehlo_amp.__file__)'
-	env JAX_PLATFORMS=cpu $(1)/bin/python -m pytest -q -p no:cacheprovider $(JAX_END_SELECT) $(JAX_END_TESTS)
+	env JAX_PLATFORMS=cpu $(1)/bin/python -m pytest -q -n 2 -p no:cacheprovider $(JAX_END_SELECT) $(JAX_END_TESTS)
 endef
 
 test-jax-oldest: $(JAX_OLD_VENV)/.installed
@@ -244,33 +244,43 @@ endif
 # harness at a tiny size: it fails when a stored value or FP8 GEMM is lost.
 # Then the LM step sharded over 8 CPU devices, FSDP and FSDP x tensor
 # parallel, each variant that makes decisions: XLA's SPMD partitioner must
-# keep them too.
+# keep them too. The one-device and the sharded runs go side by side (a
+# compile is mostly one core); their logs are printed after.
 SHARDED_SURVIVAL_VARIANTS := f32,ours-bf16,ours-bf16-gemm-f8,ours-bf16-reduce-bf16,$\
   ours-bf16-gemm-f8-rowwise,ours-bf16-gemm-f8-mxfp8,$\
   ours-bf16-params-bf16-stochastic-moments-f8,ours-bf16-gemm-f8-numerics-stats,$\
   ours-bf16-numerics-provenance,jmp-style
 test-survival: build
-	env JAX_PLATFORMS=cpu $(PY) -m bench.gpu_compile --target cpu --size smoke \
-	  --models lm,mlp --json build/gpu-compile-cpu-smoke.json
-	for mesh in fsdp fsdp=4,tp=2; do \
-	  env JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-	    $(PY) -m bench.gpu_compile --target cpu --size smoke --models lm \
-	    --devices 8 --mesh $$mesh --variants $(SHARDED_SURVIVAL_VARIANTS) \
-	    --json build/gpu-compile-cpu-smoke-8-$$mesh.json || exit 1; \
-	done
+	@mkdir -p build/survival; status=0; \
+	( env JAX_PLATFORMS=cpu $(PY) -m bench.gpu_compile --target cpu --size smoke \
+	    --models lm,mlp --json build/gpu-compile-cpu-smoke.json \
+	    > build/survival/one-device.log 2>&1 ) & one=$$!; \
+	( for mesh in fsdp fsdp=4,tp=2; do \
+	    env JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+	      $(PY) -m bench.gpu_compile --target cpu --size smoke --models lm \
+	      --devices 8 --mesh $$mesh --variants $(SHARDED_SURVIVAL_VARIANTS) \
+	      --json build/gpu-compile-cpu-smoke-8-$$mesh.json || exit 1; \
+	  done > build/survival/eight-devices.log 2>&1 ) & eight=$$!; \
+	wait $$one || status=1; wait $$eight || status=1; \
+	cat build/survival/one-device.log build/survival/eight-devices.log; exit $$status
 
 # Every benchmark once at a tiny size (`python -m bench.SCRIPT --smoke`: tiny
-# models, 1 to 3 steps, one seed; bench/results/*-smoke.json), so that a
-# broken one fails `make test`. The variants of jmp and MPX
+# models, 1 to 3 steps, one seed; bench/results/*-smoke.json), two at a
+# time (each log printed whole, in order), so that a broken one fails
+# `make test`. The variants of jmp and MPX
 # (bench/requirements.txt) are skipped, with a line saying so, where those
 # are not installed.
 BENCH_SCRIPTS := $(sort $(filter-out __init__ common,$(basename $(notdir $(wildcard bench/*.py)))))
 bench-smoke: build
-	@set -e; for script in $(BENCH_SCRIPTS); do \
-	  echo "== python -m bench.$$script --smoke"; start=$$SECONDS; \
-	  env JAX_PLATFORMS=cpu $(PY) -m bench.$$script --smoke; \
-	  echo "== bench.$$script: $$((SECONDS - start)) s"; \
-	done
+	@mkdir -p build/bench-smoke; status=0; \
+	printf '%s\n' $(BENCH_SCRIPTS) | xargs -P 2 -I{} sh -c \
+	  'start=$$(date +%s); env JAX_PLATFORMS=cpu $(PY) -m bench.{} --smoke \
+	     > build/bench-smoke/{}.log 2>&1; rc=$$?; \
+	   echo "== bench.{}: $$(( $$(date +%s) - start )) s, exit $$rc" \
+	     >> build/bench-smoke/{}.log; exit $$rc' || status=1; \
+	for script in $(BENCH_SCRIPTS); do \
+	  echo "== python -m bench.$$script --smoke"; cat build/bench-smoke/$$script.log; \
+	done; exit $$status
 
 # The same for an H100, compiled without a GPU: jax[cuda12] in a venv of its
 # own (about 2.4 GB of wheels, not part of `make test`).

@@ -3,8 +3,9 @@
     make gpu-bench                          # the CUDA venv, then this
     python -m bench.gpu_step                # on a machine with a CUDA GPU
     python -m bench.gpu_step --models lm --variants jmp-style,ours-bf16
-    python -m bench.gpu_step --smoke        # anywhere: tiny models on this
-                                            # machine's device, 2 timed steps
+    python -m bench.gpu_step --smoke        # anywhere: the tiny LM on this
+                                            # machine's device (jmp-style,
+                                            # ours-bf16), 2 timed steps
 
 The training steps of bench/gpu_compile.py (the LM, the ViT and the MoE LM,
 Adam, state donated), each variant compiled on the GPU this process sees,
@@ -36,8 +37,11 @@ def _parse(argv):
   parser = argparse.ArgumentParser(
       prog="python -m bench.gpu_step",
       description="Measured step time beside the roofline estimate.")
-  parser.add_argument("--models", default="lm,vit,moe")
-  parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument("--models", default=None,
+                      help="default lm,vit,moe (--smoke: lm)")
+  parser.add_argument("--variants", default=None,
+                      help=f"default {','.join(VARIANTS)} (--smoke: "
+                           "jmp-style,ours-bf16)")
   parser.add_argument("--warmup", type=int, default=3)
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--gpu", default="h100",
@@ -49,6 +53,9 @@ def _parse(argv):
   args = parser.parse_args(argv)
   if args.smoke:
     args.warmup, args.steps = 1, 2
+  args.models = args.models or ("lm" if args.smoke else "lm,vit,moe")
+  args.variants = args.variants or ("jmp-style,ours-bf16" if args.smoke
+                                    else ",".join(VARIANTS))
   if args.warmup < 0 or args.steps < 1:
     parser.error("--warmup must be at least 0 and --steps at least 1")
   return args
