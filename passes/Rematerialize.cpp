@@ -248,9 +248,8 @@ bool ResidualPlan::fusesIntoReaders(Value residual) const {
 /// sharding annotation is a custom call that writes nothing.)
 bool ResidualPlan::writtenAnyway(Value root, Value residual) const {
   Operation *producer = root.getDefiningOp();
-  bool libraryCall = shlo::isCustomCall(producer) &&
-                     !shlo::customCallTarget(producer).starts_with("Sharding") &&
-                     !shlo::customCallTarget(producer).starts_with("SPMD");
+  bool libraryCall =
+      shlo::isCustomCall(producer) && !shlo::isShardingAnnotation(producer);
   if (!shlo::isDotGeneral(producer) && !shlo::isConvolution(producer) &&
       !libraryCall && !shlo::isOptimizationBarrier(producer))
     return false;

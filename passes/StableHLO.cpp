@@ -244,6 +244,11 @@ llvm::StringRef shlo::customCallTarget(Operation *op) {
   return target ? target.getValue() : llvm::StringRef();
 }
 
+bool shlo::isShardingAnnotation(Operation *op) {
+  llvm::StringRef target = customCallTarget(op);
+  return target.starts_with("Sharding") || target.starts_with("SPMD");
+}
+
 FlatSymbolRefAttr shlo::compositeDecomposition(Operation *op) {
   if (!is(op, "composite"))
     return {};

@@ -88,6 +88,9 @@ bool hasApplierRegions(Operation *op);
 Attribute getAttr(Operation *op, llvm::StringRef name);
 /// The target of a `stablehlo.custom_call`, or empty.
 llvm::StringRef customCallTarget(Operation *op);
+/// A custom call that only annotates a sharding (@Sharding, the SPMD shape
+/// calls): it writes no memory of its own.
+bool isShardingAnnotation(Operation *op);
 /// The function a `stablehlo.composite` stands for (its `decomposition`),
 /// or null.
 FlatSymbolRefAttr compositeDecomposition(Operation *op);
