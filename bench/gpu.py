@@ -206,7 +206,7 @@ def prepare(size: str, platform: str, out: pathlib.Path,
         batch = jax.tree_util.tree_unflatten(batch_tree, leaves[count:])
         new_state, metrics = step(state, batch)
         return (*jax.tree_util.tree_leaves(new_state), metrics["loss"],
-                metrics["grads_finite"])
+                metrics.get("grads_finite", jax.numpy.ones((), bool)))
 
       start = time.perf_counter()
       exported = jax.export.export(jax.jit(flat_step),

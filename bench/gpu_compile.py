@@ -185,6 +185,8 @@ OURS = {
                                       {"numerics": "provenance"}),
     "ours-f16-numerics-provenance": ("p=f32,c=f16,o=f32",
                                      {"numerics": "provenance"}),
+    # The gradient check a step without a loss scale leaves out by default.
+    "ours-bf16-check-grads": ("p=f32,c=bf16,o=f32", {"check_grads": True}),
     "ours-bf16-storage-f32": ("p=f32,c=bf16,o=f32", {"storage": "f32"}),
     "ours-bf16-no-remat": ("p=f32,c=bf16,o=f32", {"rematerialize": False}),
     "ours-bf16-remat-memory": ("p=f32,c=bf16,o=f32",

@@ -167,7 +167,8 @@ llvm::Expected<LossScaleConfig> mlir::amp::lossScaleConfigFromFields(
   return config;
 }
 
-LossScaleLayout mlir::amp::lossScaleLayout(LossScaleMode mode) {
+LossScaleLayout mlir::amp::lossScaleLayout(LossScaleMode mode,
+                                           bool checksGradients) {
   switch (mode) {
   case LossScaleMode::Dynamic:
     return {{attr::kLossScale, attr::kLossScaleCounter},
@@ -175,6 +176,8 @@ LossScaleLayout mlir::amp::lossScaleLayout(LossScaleMode mode) {
   case LossScaleMode::Static:
     return {{attr::kLossScale}, {attr::kGradsFinite}};
   case LossScaleMode::None:
+    if (!checksGradients)
+      return {{}, {}};
     return {{}, {attr::kGradsFinite}};
   }
   llvm_unreachable("unknown mode");
@@ -572,7 +575,8 @@ struct EntryOption {
   /// The pass option it sets; empty: it switches the pass on or off.
   llvm::StringRef option;
   OptionKind kind = OptionKind::Bool;
-  /// It configures state only amp.train_step carries (the amax histories).
+  /// It configures state only amp.train_step carries (the amax histories),
+  /// or the training step itself (its finite checks).
   bool stateful = false;
   /// stablehlo-amp sets it (calibration's groups); users do not.
   bool internal = false;
@@ -712,6 +716,11 @@ const EntryOption kEntryOptions[] = {
     EntryOption("opt_state_dtype", kRoundState, "optimizer-state",
                 OptionKind::Choice)
         .canonicalizedBy(canonicalOptimizerStateDtype)
+        .keepsState(),
+    // Without a loss scale only the metric reads the check: off by default,
+    // where it costs a kernel per gradient (docs/DESIGN.md).
+    EntryOption("check_grads", "amp-loss-scale", "check-grads",
+                OptionKind::Bool)
         .keepsState(),
     EntryOption("skip_nonfinite", "amp-loss-scale", "check-state",
                 OptionKind::Bool)
@@ -887,6 +896,7 @@ llvm::json::Object lossScaleOptionsJson() {
       {"backoff-factor", option(scale.backoffFactor)},
       {"min-scale", option(scale.minScale)},
       {"max-scale", option(scale.maxScale)},
+      {"check-grads", option(scale.checkGrads)},
       {"check-state", option(scale.checkState)},
   };
   return llvm::json::Object{{"options", std::move(options)}};
@@ -964,8 +974,11 @@ llvm::json::Object lossScaleJson() {
   llvm::json::Object layouts;
   for (auto [name, mode] : llvm::zip(kModeNames, kModes)) {
     LossScaleLayout layout = lossScaleLayout(mode);
-    layouts[name] = llvm::json::Object{{"arguments", strings(layout.arguments)},
-                                       {"results", strings(layout.results)}};
+    LossScaleLayout unchecked = lossScaleLayout(mode, false);
+    layouts[name] = llvm::json::Object{
+        {"arguments", strings(layout.arguments)},
+        {"results", strings(layout.results)},
+        {"results_unchecked", strings(unchecked.results)}};
   }
   // An array: the order is LossScaleConfig's (for reprs and messages).
   llvm::json::Array fields;

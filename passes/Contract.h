@@ -226,7 +226,10 @@ struct LossScaleLayout {
   llvm::SmallVector<llvm::StringRef> arguments;
   llvm::SmallVector<llvm::StringRef> results;
 };
-LossScaleLayout lossScaleLayout(LossScaleMode mode);
+/// A loss scale always checks the gradients; `mode=none` only when
+/// `checksGradients` (check-grads or check-state).
+LossScaleLayout lossScaleLayout(LossScaleMode mode,
+                                bool checksGradients = true);
 
 /// A value a pass appends to a training step's `main`, as an argument (its
 /// value before the step) and a result (after it), marked with `attribute`:

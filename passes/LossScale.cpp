@@ -59,6 +59,12 @@ private:
   llvm::SmallVector<std::pair<unsigned, unsigned>> statePairs;
   OptionCheck options;
 
+  /// A loss scale's skip and update read the check; without one, only
+  /// check-grads or check-state ask for it.
+  bool checksGradients() const {
+    return config.mode != LossScaleMode::None || checkGrads || checkState;
+  }
+
   llvm::Error parseOptions();
   FailureOr<TrainingStep> findTrainingStep(ModuleOp module);
   LogicalResult validate(const TrainingStep &step);
@@ -178,7 +184,8 @@ FailureOr<ScaleState> LossScalePass::appendArguments(TrainingStep &step) {
   MLIRContext *context = &getContext();
   OpBuilder builder(context);
   ScaleState state;
-  for (llvm::StringRef role : lossScaleLayout(config.mode).arguments) {
+  for (llvm::StringRef role :
+       lossScaleLayout(config.mode, checksGradients()).arguments) {
     Type type = role == attr::kLossScaleCounter
                     ? RankedTensorType::get({}, builder.getI32Type())
                     : RankedTensorType::get({}, builder.getF32Type());
@@ -235,6 +242,8 @@ FailureOr<Value> LossScalePass::unscaleAndCheck(TrainingStep &step,
     Location loc = gradient.getLoc();
     // Unscaled and checked in f32, or in the gradient's own dtype if wider
     // (f64 under x64 keeps its precision).
+    if (!state.inverse && !checksGradients())
+      return gradient;
     Type wide = element.getWidth() > 32 ? Type(element) : f32;
     Value value = element == wide
                       ? gradient
@@ -249,7 +258,8 @@ FailureOr<Value> LossScalePass::unscaleAndCheck(TrainingStep &step,
                       builder, loc, inverse,
                       cast<RankedTensorType>(value.getType()))});
     }
-    finiteFlags.push_back(allFinite(builder, loc, value));
+    if (checksGradients())
+      finiteFlags.push_back(allFinite(builder, loc, value));
     return element == wide ? value
                            : shlo::buildConvert(builder, loc, value, element);
   };
@@ -264,6 +274,8 @@ FailureOr<Value> LossScalePass::unscaleAndCheck(TrainingStep &step,
   builder.setInsertionPoint(returnOp);
   for (unsigned index : step.gradientResults)
     returnOp->setOperand(index, unscale(returnOp->getOperand(index)));
+  if (!checksGradients())
+    return Value();
   if (finiteFlags.empty()) {
     step.main.emitError() << "no float gradients to check";
     return failure();
@@ -394,12 +406,14 @@ LogicalResult LossScalePass::appendResults(TrainingStep &step,
   Operation *returnOp = step.main.front().getTerminator();
   OpBuilder builder(returnOp);
   Location loc = step.main.getLoc();
-  llvm::SmallVector<std::pair<Value, llvm::StringRef>> values = {
-      {finite, attr::kGradsFinite}};
+  llvm::SmallVector<std::pair<Value, llvm::StringRef>> values;
+  if (finite)
+    values.push_back({finite, attr::kGradsFinite});
   if (config.mode == LossScaleMode::Dynamic)
     values.append(buildScaleUpdate(builder, loc, state, finite));
   llvm::SmallVector<Value> operands(returnOp->getOperands());
-  for (llvm::StringRef role : lossScaleLayout(config.mode).results) {
+  for (llvm::StringRef role :
+       lossScaleLayout(config.mode, checksGradients()).results) {
     auto it = llvm::find_if(values, [&](auto &v) { return v.second == role; });
     assert(it != values.end() && "the layout names a result the pass builds");
     if (failed(step.main.insertResult(
@@ -452,9 +466,9 @@ void LossScalePass::runOnOperation() {
     keep = shlo::buildElementwise(builder, step->main.getLoc(), "and",
                                   {keep, stateFinite});
   }
-  // Without a loss scale the step only checks its gradients: skipping
-  // costs a check of every gradient before any update may be written, and
-  // buys nothing f32 would not need (check-state asks for it).
+  // Without a loss scale the step skips nothing: skipping costs a check of
+  // every gradient before any update may be written, and buys nothing f32
+  // would not need (check-state asks for it).
   if (config.mode != LossScaleMode::None || checkState)
     keepOldStateUnlessFinite(*step, keep);
   if (failed(appendResults(*step, *state, *finite, stateFinite)))

@@ -341,8 +341,9 @@ def AmpLossScalePass : Pass<"amp-loss-scale", "::mlir::ModuleOp"> {
       `growth-factor` unless that passes `max-scale` or overflows f32; the
       new scale and counter are results (`amp.loss_scale`,
       `amp.loss_scale_counter`). `mode=static` scales without updating;
-      `mode=none` only checks, and keeps the old state only with
-      `check-state=true`.
+      `mode=none` scales nothing and checks nothing unless
+      `check-grads=true`, and keeps the old state only with
+      `check-state=true` (which checks both).
     With `check-state=true` a step whose new state holds a non-finite float
     is skipped too (`amp.state_finite`); the scale follows the gradients.
 
@@ -388,6 +389,10 @@ def AmpLossScalePass : Pass<"amp-loss-scale", "::mlir::ModuleOp"> {
     Option<"maxScale", "max-scale", "double",
            "::mlir::amp::LossScaleConfig().maxScale",
            "Ceiling of the scale">,
+    Option<"checkGrads", "check-grads", "bool", "false",
+           "Check the gradients without a loss scale too (mode=none) and "
+           "append that check (amp.grads_finite); a loss scale always "
+           "checks them">,
     Option<"checkState", "check-state", "bool", "false",
            "Also skip a step whose new state (a result marked amp.state_of, "
            "float) is not finite, and append that check (amp.state_finite)">,

@@ -8,12 +8,14 @@
 // RUN: amp-opt %t/ok.mlir --split-input-file --pass-pipeline='builtin.module(amp-loss-scale)' | FileCheck %s
 // RUN: amp-opt %t/ok.mlir --split-input-file --pass-pipeline='builtin.module(amp-loss-scale{mode=dynamic})' | FileCheck %s
 // RUN: amp-opt %t/ok.mlir --split-input-file --pass-pipeline='builtin.module(amp-loss-scale{mode=static})' | FileCheck %s --check-prefix=STATIC
-// RUN: amp-opt %t/ok.mlir --split-input-file --pass-pipeline='builtin.module(amp-loss-scale{mode=none})' | FileCheck %s --check-prefix=NONE
+// RUN: amp-opt %t/ok.mlir --split-input-file --pass-pipeline='builtin.module(amp-loss-scale{mode=none check-grads=true})' | FileCheck %s --check-prefix=NONE
+// RUN: amp-opt %t/ok.mlir --split-input-file --pass-pipeline='builtin.module(amp-loss-scale{mode=none})' | FileCheck %s --check-prefix=UNCHECKED
 // RUN: amp-opt %t/ok.mlir --split-input-file --pass-pipeline='builtin.module(amp-loss-scale{growth-interval=100 growth-factor=4.0 backoff-factor=0.25 min-scale=0.03125 max-scale=65536.0})' | FileCheck %s --check-prefix=OPT
 // RUN: amp-opt %t/indices.mlir --pass-pipeline='builtin.module(amp-loss-scale{seed-arg=2 gradient-results=0,1 state-results=2:0})' | FileCheck %s --check-prefix=IDX
 //
 // RUN: amp-opt %t/check_state.mlir --pass-pipeline='builtin.module(amp-loss-scale{mode=dynamic check-state=true})' | FileCheck %s --check-prefix=STATECHECK
-// RUN: amp-opt %t/check_state.mlir --pass-pipeline='builtin.module(amp-loss-scale{mode=none})' | FileCheck %s --check-prefix=NONE-STATE
+// RUN: amp-opt %t/check_state.mlir --pass-pipeline='builtin.module(amp-loss-scale{mode=none check-grads=true})' | FileCheck %s --check-prefix=NONE-STATE
+// RUN: amp-opt %t/check_state.mlir --pass-pipeline='builtin.module(amp-loss-scale{mode=none})' | FileCheck %s --check-prefix=UNCHECKED-STATE
 // RUN: amp-opt %t/check_state.mlir --pass-pipeline='builtin.module(amp-loss-scale{mode=none check-state=true})' | FileCheck %s --check-prefix=NONE-SKIP
 // RUN: not amp-opt %t/no_seed.mlir --pass-pipeline='builtin.module(amp-loss-scale)' 2>&1 | FileCheck %s --check-prefix=ERR-SEED
 // RUN: not amp-opt %t/no_gradients.mlir --pass-pipeline='builtin.module(amp-loss-scale)' 2>&1 | FileCheck %s --check-prefix=ERR-GRAD
@@ -49,8 +51,8 @@
 // STATIC-NOT: stablehlo.compare
 // STATIC: return %[[U:[^,]*]], %[[FINITE:[^ ]*]] : tensor<8xf32>, tensor<i1>
 
-// mode=none: no new argument, nothing scaled or unscaled; the check and the
-// predicate remain.
+// mode=none check-grads=true: no new argument, nothing scaled or unscaled;
+// the check and the predicate remain.
 // NONE-LABEL: module @seed_scaled
 // NONE: func.func public @main(%[[W:[^:]*]]: tensor<8xf32>, %[[SEED:[^:]*]]: tensor<f32>) -> (tensor<8xf32>, tensor<i1> {amp.grads_finite})
 // NONE-NEXT: %[[B:.*]] = stablehlo.broadcast_in_dim %[[SEED]], dims = [] : (tensor<f32>) -> tensor<8xf32>
@@ -59,6 +61,13 @@
 // NONE-NOT: stablehlo.divide
 // NONE-NOT: stablehlo.multiply
 // NONE: return %[[G]], %{{.*}} : tensor<8xf32>, tensor<i1>
+// mode=none alone checks nothing: the gradient is returned as made, and
+// nothing is appended.
+// UNCHECKED-LABEL: module @seed_scaled
+// UNCHECKED: func.func public @main(%[[W:[^:]*]]: tensor<8xf32>, %[[SEED:[^:]*]]: tensor<f32>) -> tensor<8xf32> {
+// UNCHECKED-NEXT: %[[B:.*]] = stablehlo.broadcast_in_dim %[[SEED]], dims = [] : (tensor<f32>) -> tensor<8xf32>
+// UNCHECKED-NEXT: %[[G:.*]] = stablehlo.multiply %[[W]], %[[B]] : tensor<8xf32>
+// UNCHECKED-NEXT: return %[[G]] : tensor<8xf32>
 module @seed_scaled {
   func.func public @main(%w: tensor<8xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<8xf32> {amp.gradient}) {
     %b = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<8xf32>
@@ -383,9 +392,15 @@ module @no_seed {
 // STATECHECK: %[[SN:.*]] = stablehlo.select %[[KEEP]], %{{.*}}, %[[N]] : tensor<i1>, tensor<i32>
 // STATECHECK: %[[SCALE:.*]] = stablehlo.select %[[GRADS]],
 // STATECHECK: return %{{[^,]*}}, %[[SW]], %[[SN]], %[[GRADS]], %[[SCALE]], %{{[^,]*}}, %[[STATE]] :
-// mode=none: without a loss scale the step checks its gradients and skips
-// nothing (the new state is returned as made); check-state=true skips a
-// step whose gradients or new state are not finite.
+// mode=none: without a loss scale the step skips nothing (the new state is
+// returned as made), and checks its gradients only with check-grads=true;
+// check-state=true skips a step whose gradients or new state are not
+// finite.
+// UNCHECKED-STATE: func.func public @main(%[[W:[^:]*]]: tensor<8xf32>, %[[N:[^:]*]]: tensor<i32>, %{{[^:]*}}: tensor<f32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<i32>) {
+// UNCHECKED-STATE-NOT: stablehlo.is_finite
+// UNCHECKED-STATE-NOT: stablehlo.reduce
+// UNCHECKED-STATE-NOT: stablehlo.select
+// UNCHECKED-STATE: return %{{[^,]*}}, %{{[^,]*}}, %{{[^,]*}} : tensor<8xf32>, tensor<8xf32>, tensor<i32>
 // NONE-STATE: func.func public @main(%[[W:[^:]*]]: tensor<8xf32>, %[[N:[^:]*]]: tensor<i32>, %{{[^:]*}}: tensor<f32>) -> (tensor<8xf32>, tensor<8xf32>, tensor<i32>, tensor<i1> {amp.grads_finite})
 // NONE-STATE: %[[NW:.*]] = stablehlo.divide %[[W]], %{{.*}} : tensor<8xf32>
 // NONE-STATE: %[[GRADS:.*]] = stablehlo.reduce

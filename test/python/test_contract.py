@@ -133,10 +133,13 @@ def test_loss_scale_fields_are_the_keywords_and_the_pass_options():
                       contract.loss_scale_defaults().items()
                       if name != "initial_scale"}
   options = set(contract.document()["passes"][contract.LOSS_SCALE]["options"])
-  # (check-state is train_step's skip_nonfinite, an entry option.)
+  # (check-state and check-grads are train_step's skip_nonfinite and
+  # check_grads, entry options.)
   assert options - {field["option"] for field in fields} == {
-      "mode", "seed-arg", "gradient-results", "state-results", "check-state"}
+      "mode", "seed-arg", "gradient-results", "state-results", "check-state",
+      "check-grads"}
   assert contract.options()["skip_nonfinite"]["option"] == "check-state"
+  assert contract.options()["check_grads"]["option"] == "check-grads"
   ls = amp.DynamicLossScale(growth_interval=7)
   assert ls.pass_options() == {
       "mode": "dynamic",

@@ -189,7 +189,7 @@ def test_delayed_scaling_saturates_values_beyond_the_history():
   history then takes the new amax."""
   params, train, _ = _mlp_problem(0)
   step = amp.train_step(_loss, optax.sgd(0.0), F8, fp8_scaling="delayed",
-                        amax_history=4)
+                        amax_history=4, check_grads=True)
   state, _ = step(step.init(params), train[0])
   tiny = tuple(jnp.full_like(h, 1e-6) for h in state.amax_history)
   state, metrics = step(state._replace(amax_history=tiny), train[0])

@@ -159,7 +159,8 @@ def test_value_and_grad_and_train_step_take_the_scaling(scaling):
   report = f8.lower(params, x).report()
   assert report.fp8_gemms, str(report)
   assert all(scaling in g.gemm for g in report.fp8_gemms), str(report)
-  step = amp.train_step(_loss, optax.sgd(0.1), F8, fp8_scaling=scaling)
+  step = amp.train_step(_loss, optax.sgd(0.1), F8, fp8_scaling=scaling,
+                        check_grads=True)
   state, metrics = step(step.init(params), x)
   assert bool(metrics["grads_finite"])
 

@@ -1,7 +1,7 @@
 """The defaults chosen by what they cost on the target (docs/results.md,
 "Estimated step time"): GEMM results in the compute dtype where f32 buys
-nothing, discrete decisions that keep only their gate in f32, and no skip
-of a step without a loss scale."""
+nothing, discrete decisions that keep only their gate in f32, and neither
+a check nor a skip of a step without a loss scale."""
 
 from __future__ import annotations
 
@@ -120,11 +120,23 @@ def _nan_grad_loss(params, batch):
   return jnp.sqrt(jnp.abs(batch @ params["w"] - 1.0)).sum()
 
 
-def test_without_a_loss_scale_a_step_checks_but_skips_nothing():
+def test_without_a_loss_scale_a_step_checks_and_skips_nothing():
   params = {"w": jnp.ones((4, 2))}
   batch = jnp.full((3, 4), 0.25)          # batch @ w == 1: sqrt'(0)
   step = amp.train_step(_nan_grad_loss, optax.sgd(0.1), BF16, target="cpu")
-  state, metrics = step(step.init(params), batch)
+  state = step.init(params)
+  # No reduction over the gradients is compiled: a kernel each on a GPU.
+  assert "is_finite" not in step.lower(state, batch).as_text()
+  state, metrics = step(state, batch)
+  assert "grads_finite" not in metrics
+  assert int(metrics["skipped_steps"]) == 0
+  assert not np.isfinite(np.asarray(state.params["w"])).all()
+  # check_grads asks for the check, and still skips nothing.
+  checking = amp.train_step(_nan_grad_loss, optax.sgd(0.1), BF16,
+                            target="cpu", check_grads=True)
+  state = checking.init(params)
+  assert "is_finite" in checking.lower(state, batch).as_text()
+  state, metrics = checking(state, batch)
   assert not bool(metrics["grads_finite"])
   assert int(metrics["skipped_steps"]) == 0
   assert not np.isfinite(np.asarray(state.params["w"])).all()
@@ -132,6 +144,7 @@ def test_without_a_loss_scale_a_step_checks_but_skips_nothing():
   skipping = amp.train_step(_nan_grad_loss, optax.sgd(0.1), BF16,
                             target="cpu", skip_nonfinite=True)
   state, metrics = skipping(skipping.init(params), batch)
+  assert not bool(metrics["grads_finite"])
   assert int(metrics["skipped_steps"]) == 1
   np.testing.assert_array_equal(state.params["w"], params["w"])
   # A loss scale (f16's default) skips as before.

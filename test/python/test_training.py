@@ -255,12 +255,18 @@ def test_overflow_is_skipped_with_a_static_scale_or_skip_nonfinite(
   assert int(metrics["skipped_steps"]) == 1
 
 
-def test_without_a_loss_scale_an_overflow_is_applied_not_skipped():
+@pytest.mark.parametrize("check_grads", [False, True])
+def test_without_a_loss_scale_an_overflow_is_applied_not_skipped(check_grads):
   step = amp.train_step(mse, optax.adam(1e-2), F16_POLICY,
-                        loss_scale=amp.NoOpLossScale())
+                        loss_scale=amp.NoOpLossScale(),
+                        check_grads=check_grads)
   state, _ = step(step.init(PARAMS), _batch(0))
   state, metrics = step(state, _poisoned(_batch(1), jnp.inf))
-  assert not bool(metrics["grads_finite"])
+  # The check is made, and reported, only when asked for.
+  if check_grads:
+    assert not bool(metrics["grads_finite"])
+  else:
+    assert "grads_finite" not in metrics
   assert int(metrics["skipped_steps"]) == 0
   assert not all(np.isfinite(x).all() for x in _leaves(state.params))
 
@@ -274,7 +280,7 @@ def _overflowing_sgd() -> optax.GradientTransformation:
 
 @pytest.mark.parametrize("policy", [F32_POLICY, BF16_POLICY, F16_POLICY])
 def test_skip_nonfinite_never_writes_a_nonfinite_state(policy):
-  plain = amp.train_step(mse, _overflowing_sgd(), policy)
+  plain = amp.train_step(mse, _overflowing_sgd(), policy, check_grads=True)
   state, metrics = plain(plain.init(PARAMS), _batch(0))
   # Without it the gradients pass the check and the state is written.
   assert bool(metrics["grads_finite"]) and "state_finite" not in metrics
@@ -541,10 +547,13 @@ def test_default_loss_scale_follows_the_compute_dtype(policy, expected):
     assert float(ls.loss_scale) == 2.0 ** 15 and int(ls.counter) == 1
     assert ls.growth_interval == 2000 and ls.min_scale == 1.0
   state, metrics = step(state, x)
-  assert set(metrics) == {"loss", "grads_finite", "loss_scale",
-                          "skipped_steps"}
+  # Without a loss scale the step checks nothing (check_grads=True would).
+  scaled = expected is not amp.NoOpLossScale
+  assert set(metrics) == {"loss", "loss_scale", "skipped_steps",
+                          *(["grads_finite"] if scaled else [])}
   assert metrics["loss_scale"].dtype == jnp.float32
-  assert metrics["grads_finite"].dtype == jnp.bool_
+  if scaled:
+    assert metrics["grads_finite"].dtype == jnp.bool_
   assert metrics["skipped_steps"].dtype == jnp.int32
   assert float(metrics["loss_scale"]) == (
       2.0 ** 15 if expected is amp.DynamicLossScale else 1.0)
@@ -662,8 +671,7 @@ def test_has_aux_comes_back_as_metrics_aux():
                         has_aux=True)
   state, metrics = step(step.init(PARAMS), _batch(0))
   _, ref_aux = mse_and_mean(PARAMS, _batch(0))
-  assert set(metrics) == {"loss", "grads_finite", "loss_scale",
-                          "skipped_steps", "aux"}
+  assert set(metrics) == {"loss", "loss_scale", "skipped_steps", "aux"}
   assert metrics["aux"]["count"].dtype == jnp.int32
   assert int(metrics["aux"]["count"]) == 8
   np.testing.assert_allclose(metrics["aux"]["pred_mean"],
@@ -791,7 +799,9 @@ def mse_counting(params, batch):
 ], ids=["adamw", "masked"])
 def test_integer_parameter_leaves_pass_through(make_optimizer):
   params = {**PARAMS, "calls": jnp.array([7, -3], jnp.int32)}
-  step = amp.train_step(mse_counting, make_optimizer(), BF16_POLICY)
+  # check_grads: the check must skip the integer leaf too.
+  step = amp.train_step(mse_counting, make_optimizer(), BF16_POLICY,
+                        check_grads=True)
   state = step.init(params)
   # The optimizer sees None in place of the integer leaf: no state for it.
   assert (jax.tree_util.tree_structure(state.opt_state) ==
@@ -863,7 +873,7 @@ def test_p_bf16_stores_the_parameters_in_bf16():
   for batch in batches:
     previous = _leaves(state.params)
     state, metrics = step(state, batch)
-    assert bool(metrics["grads_finite"])
+    assert np.isfinite(float(metrics["loss"]))
     assert not any(np.array_equal(a, b) for a, b in
                    zip(previous, _leaves(state.params)))
   assert {x.dtype for x in _leaves(state.params)} == {np.dtype(jnp.bfloat16)}

@@ -87,12 +87,16 @@ def loss_scale_defaults() -> Mapping[str, Any]:
              for field in loss_scale_fields()}}
 
 
-def loss_scale_layout(mode: str) -> Mapping[str, tuple[str, ...]]:
+def loss_scale_layout(mode: str, checked: bool = True
+                      ) -> Mapping[str, tuple[str, ...]]:
   """What `amp-loss-scale` in `mode` appends to `main`: ``arguments`` and
-  ``results``, each a tuple of role attribute names, in order."""
+  ``results``, each a tuple of role attribute names, in order. A loss scale
+  always checks the gradients; mode ``none`` appends the check only when
+  `checked` (``check-grads``)."""
   layout = document()["loss_scale"]["layouts"][mode]
   return {"arguments": tuple(layout["arguments"]),
-          "results": tuple(layout["results"])}
+          "results": tuple(layout["results" if checked
+                                  else "results_unchecked"])}
 
 
 def _keys(typename: str, by_role: Mapping[str, str]) -> NamedTuple:

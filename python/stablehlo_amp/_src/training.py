@@ -252,6 +252,8 @@ class _LossScaledProgram:
   # Whether the step carries state across calls (FP8 amax histories), so
   # that options configuring such state apply.
   _stateful = False
+  # Options the entry point sets itself, whatever the user gives.
+  _fixed_options: dict = {}
 
   def __init__(self, fun: Callable, policy: Policy | str, options: dict):
     self.fun = fun
@@ -287,7 +289,14 @@ class _LossScaledProgram:
                 for name, spec in contract.options().items()
                 if bf16_params and "bf16_params_default" in spec and
                 name not in options}
-    self._options = pl.RewriteOptions.make(**options, **defaults)
+    self._options = pl.RewriteOptions.make(**options, **defaults,
+                                           **self._fixed_options)
+    if (self._stateful and "check_grads" not in options and
+        pl.returns_measurements(self._options)):
+      # A step that measures its numerics checks its gradients too:
+      # `explain` says whether they were finite, and whether applied.
+      self._options = pl.RewriteOptions.make(**options, **defaults,
+                                             check_grads=True)
     self._options.check_policy(self.policy)
     self._programs: dict = {}  # by input signature, for `lower`
     self.rewrite_count = 0
@@ -324,6 +333,9 @@ class ValueAndGrad(_LossScaledProgram):
   ``(value, grads), grads_finite, loss_scale = vg(*args, loss_scale=ls)``,
   and with ``numerics=`` set, ``..., loss_scale, measured = vg(...)``.
   """
+
+  # grads_finite is part of what it returns, with a loss scale or without.
+  _fixed_options = {"check_grads": True}
 
   def __init__(self, fun: Callable, policy: Policy | str, *, has_aux: bool,
                argnums: int | Sequence[int], **options):
@@ -851,12 +863,12 @@ class TrainStep(_LossScaledProgram):
                                             ts.CARRIED), shardings))))
     state, finite, state_finite = _count_skip(self, program, fields, extra,
                                               state, out.loss)
-    metrics = {"loss": out.loss, "grads_finite": finite,
-               "loss_scale": jnp.asarray(state.loss_scale.loss_scale,
-                                         jnp.float32),
-               "skipped_steps": state.skipped_steps}
-    if state_finite is not None:
-      metrics["state_finite"] = state_finite
+    # A check the step did not make (None) is no metric.
+    metrics = {k: v for k, v in (
+        ("loss", out.loss), ("grads_finite", finite),
+        ("loss_scale", jnp.asarray(state.loss_scale.loss_scale, jnp.float32)),
+        ("skipped_steps", state.skipped_steps),
+        ("state_finite", state_finite)) if v is not None}
     metrics.update(numerics.measurements(program.extra_out_roles, extra))
     if self.has_aux:
       metrics["aux"] = out.aux
@@ -866,12 +878,15 @@ class TrainStep(_LossScaledProgram):
 def _count_skip(step: TrainStep, program, fields: dict, extra, state,
                 loss) -> tuple:
   """The step's state with a skipped step counted, whether its gradients
-  were finite, and with skip_nonfinite whether its new state was (the
-  program's last appended result; else None). Without a loss scale the
-  program skips nothing unless skip_nonfinite asks (amp-loss-scale keeps
-  the old state only then), and nothing is counted."""
-  finite = fields["loss_scale"].grads_finite(
+  were finite (None where the step did not check them: no loss scale,
+  check_grads=False), and with skip_nonfinite whether its new state was
+  (the program's last appended result; else None). Without a loss scale
+  the program skips nothing unless skip_nonfinite asks (amp-loss-scale
+  keeps the old state only then), and nothing is counted."""
+  finite = (fields["loss_scale"].grads_finite(
       ts.appended_results(program, extra)["loss_scale"])
+            if contract.attribute("grads_finite") in program.extra_out_roles
+            else None)
   state_finite = (extra[program.extra_out_roles.index(
       contract.attribute("state_finite"))]
                   if step._options.skip_nonfinite else None)
@@ -903,9 +918,11 @@ def train_step(loss_fn: Callable, optimizer: "optax.GradientTransformation",
   unscaled gradients. With a loss scale, an overflowed step leaves
   parameters, optimizer state and model state bit-identical and counts in
   ``metrics["skipped_steps"]``. Without one (`NoOpLossScale`, the default
-  for bf16) the step checks its gradients (``metrics["grads_finite"]``)
-  but skips nothing, as a plain JAX step: a skip would hold every update
-  until all gradients are checked. ``skip_nonfinite=True`` skips a step
+  for bf16) the step skips nothing, as a plain JAX step, and checks
+  nothing: a check of every gradient costs a kernel each, and a skip
+  would hold every update until all are checked. ``check_grads=True``
+  (the default with ``numerics=``) checks them (``metrics["grads_finite"]``,
+  which a loss scale always reports); ``skip_nonfinite=True`` skips a step
   whose gradients or new state are not finite.
   Non-float leaves of `params` (integer counters) pass through unchanged:
   the optimizer sees None in their place (as with `eqx.filter`), so they
