@@ -87,17 +87,31 @@ private:
   bool isSmall(Value value, int64_t than) const;
 };
 
-/// A reduction by maximum (softmax's row max): recomputed, it equals the
-/// forward pass's bit for bit in any order, and it keeps the softmax that
-/// reads it in one fused kernel, where a barrier on it would split it.
-bool isMaxReduction(Operation *op) {
+/// A reduce whose body is the one op `combiner`.
+bool reducesWith(Operation *op, llvm::StringRef combiner) {
   if (!shlo::is(op, "reduce") || op->getNumRegions() != 1 ||
       op->getRegion(0).empty())
     return false;
   Block &body = op->getRegion(0).front();
-  return !body.empty() && shlo::is(&body.front(), "maximum") &&
+  return !body.empty() && shlo::is(&body.front(), combiner) &&
          std::next(body.begin()) != body.end() &&
          shlo::isRegionReturn(&*std::next(body.begin()));
+}
+
+/// A softmax's reductions: its row max (recomputed, it equals the forward
+/// pass's bit for bit in any order) and its sum of exponentials. XLA fuses
+/// both, with the exponentials, into the backward kernel that reads them,
+/// as it does in a hand-cast step; kept, the sum must be written by a
+/// forward kernel of its own, which splits the softmax's.
+bool isSoftmaxReduction(Operation *op) {
+  if (reducesWith(op, "maximum"))
+    return true;
+  if (!reducesWith(op, "add") || op->getNumOperands() != 2)
+    return false;
+  Operation *input = op->getOperand(0).getDefiningOp();
+  while (input && shlo::is(input, "convert"))
+    input = input->getOperand(0).getDefiningOp();
+  return input && shlo::is(input, "exponential");
 }
 
 std::optional<int64_t> byteSize(Type type) {
@@ -167,7 +181,7 @@ Cone ResidualPlan::coneOf(Value value) const {
       continue;
     }
     if (!inBlock || !(shlo::isElementwiseOrBroadcast(producer) ||
-                      (priced && isMaxReduction(producer)))) {
+                      (priced && isSoftmaxReduction(producer)))) {
       cone.roots.insert(next);
       continue;
     }
@@ -265,7 +279,9 @@ void ResidualPlan::planBlock(Block &block) {
   // elementwise ops make (XLA keeps those, or the residual itself).
   llvm::DenseSet<Value> kept;
   for (auto [residual, firstReader] : residualsOf(block)) {
-    if (!shlo::isElementwiseOrBroadcast(residual.getDefiningOp())) {
+    Operation *producer = residual.getDefiningOp();
+    if (!shlo::isElementwiseOrBroadcast(producer) &&
+        !(priced && isSoftmaxReduction(producer))) {
       kept.insert(residual);
       continue;
     }
@@ -287,6 +303,11 @@ void ResidualPlan::planBlock(Block &block) {
     plan.ops = std::move(cone.ops);
     for (Value root : cone.roots)
       plan.leaves.insert(root);
+    // The leaves are kept for the backward pass now: more may be
+    // recomputed from them at no price (the softmax's sum, from the
+    // logits its exponentials are recomputed from).
+    if (priced)
+      kept.insert(cone.roots.begin(), cone.roots.end());
     planned.push_back(std::move(plan));
   }
 }

@@ -60,16 +60,17 @@ func.func public @gelu(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %v: tensor
 // -----
 
 // Softmax: the backward pass reads the exponential e and the normalised
-// probabilities p. The row sums are a reduction's result: XLA fuses the
-// softmax into one kernel that writes p alone, and a barrier on the sums
-// would split it. p is kept; e is recomputed from d (written by its matrix
-// multiply anyway).
+// probabilities p, p with a matrix multiply (attention's p^T dy). The row
+// sums are a reduction's result: XLA fuses the softmax into one kernel
+// that writes p alone, and a barrier on the sums would split it. p is kept
+// (a matrix multiply reads it from memory); e is recomputed from d
+// (written by its matrix multiply anyway).
 
 // CHECK-LABEL: func.func public @softmax(
 // CHECK: %[[D:.*]] = stablehlo.dot_general
 // CHECK: %[[E:.*]] = stablehlo.exponential %[[D]]
 // CHECK: %[[P:.*]] = stablehlo.divide %[[E]], %{{.*}}
-// CHECK: stablehlo.multiply %{{.*}}, %[[P]]
+// CHECK: stablehlo.dot_general %[[P]], %{{.*}}
 // CHECK-NEXT: %[[HELD:.*]] = stablehlo.optimization_barrier %[[D]] : tensor<64x128xf32>
 // CHECK-NEXT: %[[E2:.*]] = stablehlo.exponential %[[HELD]]
 // CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[E2]]
@@ -80,7 +81,7 @@ func.func public @gelu(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %v: tensor
 // MEMORY: %[[D:.*]] = stablehlo.dot_general
 // MEMORY: %[[S:.*]] = stablehlo.reduce
 // MEMORY: stablehlo.optimization_barrier %[[D]], %[[S]] : tensor<64x128xf32>, tensor<64xf32>
-func.func public @softmax(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x128xf32>, tensor<64x128xf32>) {
+func.func public @softmax(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x128xf32>, tensor<64x128xf32>, tensor<128x128xf32>) {
   %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
   %e = stablehlo.exponential %d : tensor<64x128xf32>
   %zero = stablehlo.constant dense<0.0> : tensor<f32>
@@ -88,9 +89,9 @@ func.func public @softmax(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: 
   %sb = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
   %p = stablehlo.divide %e, %sb : tensor<64x128xf32>
   %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
-  %a = stablehlo.multiply %dy, %p : tensor<64x128xf32>
-  %b = stablehlo.multiply %a, %e : tensor<64x128xf32>
-  return %p, %b : tensor<64x128xf32>, tensor<64x128xf32>
+  %a = stablehlo.dot_general %p, %dy, contracting_dims = [0] x [0] : (tensor<64x128xf32>, tensor<64x128xf32>) -> tensor<128x128xf32>
+  %b = stablehlo.multiply %dy, %e : tensor<64x128xf32>
+  return %p, %b, %a : tensor<64x128xf32>, tensor<64x128xf32>, tensor<128x128xf32>
 }
 
 // -----
@@ -215,6 +216,41 @@ func.func public @row_max(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: 
   %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
   %a = stablehlo.multiply %dy, %e : tensor<64x128xf32>
   return %e, %a : tensor<64x128xf32>, tensor<64x128xf32>
+}
+
+// -----
+
+// The backward pass of e / sum(e) (jax.nn.softmax's) reads the row sums
+// too. They are recomputed with e from d, in the backward kernel that
+// reads them, as XLA does in a hand-cast step: kept, they would be
+// written by a forward kernel of their own, which splits the softmax's.
+
+// CHECK-LABEL: func.func public @softmax_sum(
+// CHECK: %[[D:.*]] = stablehlo.dot_general
+// CHECK: %[[HELD:.*]] = stablehlo.optimization_barrier %[[D]] : tensor<4096x8xf32>
+// CHECK-NEXT: %[[E2:.*]] = stablehlo.exponential %[[HELD]]
+// CHECK: %[[S2:.*]] = stablehlo.reduce(%[[E2]] init: %{{.*}}) applies stablehlo.add
+// CHECK-NOT: stablehlo.optimization_barrier
+// CHECK: stablehlo.divide %{{.*}}, %[[S2]] : tensor<4096xf32>
+// CHECK: stablehlo.multiply %{{.*}}, %[[E2]] : tensor<4096x8xf32>
+
+// for=memory keeps the sums (a reduction's result is no cone's op there).
+// MEMORY-LABEL: func.func public @softmax_sum(
+// MEMORY: %[[S:.*]] = stablehlo.reduce
+// MEMORY-NOT: stablehlo.reduce
+// MEMORY: stablehlo.divide %{{.*}}, %[[S]] : tensor<4096xf32>
+func.func public @softmax_sum(%x: tensor<4096x64xf32>, %w: tensor<64x8xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<4096x8xf32>, tensor<4096xf32>, tensor<4096x8xf32>) {
+  %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4096x64xf32>, tensor<64x8xf32>) -> tensor<4096x8xf32>
+  %e = stablehlo.exponential %d : tensor<4096x8xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %s = stablehlo.reduce(%e init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<4096x8xf32>, tensor<f32>) -> tensor<4096xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<4096xf32>) -> tensor<4096x8xf32>
+  %p = stablehlo.divide %e, %sb : tensor<4096x8xf32>
+  %dys = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<4096xf32>
+  %ds = stablehlo.divide %dys, %s : tensor<4096xf32>
+  %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<4096x8xf32>
+  %de = stablehlo.multiply %dy, %e : tensor<4096x8xf32>
+  return %p, %ds, %de : tensor<4096x8xf32>, tensor<4096xf32>, tensor<4096x8xf32>
 }
 
 // -----
