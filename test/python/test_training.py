@@ -316,8 +316,8 @@ def test_skip_nonfinite_changes_nothing_on_a_finite_step():
 
 
 def test_skip_nonfinite_is_a_train_step_option():
-  with pytest.raises(TypeError, match="skip_nonfinite configures state that "
-                     "only amp.train_step carries"):
+  with pytest.raises(TypeError, match="skip_nonfinite configures what only "
+                     "amp.train_step has"):
     amp.transform(mlp, BF16_POLICY, skip_nonfinite=True)
   with pytest.raises((TypeError, ValueError), match="skip_nonfinite"):
     amp.train_step(mse, optax.sgd(0.1), BF16_POLICY, skip_nonfinite="yes")

@@ -93,7 +93,8 @@ def unknown_options_message(unknown: Sequence[str],
   needs_state = sorted(set(unknown) & stateful)
   return (f"unexpected options: {', '.join(sorted(unknown))} ("
           + (f"{', '.join(needs_state)} configure{'s' * (len(needs_state) == 1)}"
-             " state that only amp.train_step carries; " if needs_state else "")
+             " what only amp.train_step has: the state it carries across "
+             "steps, its checks; " if needs_state else "")
           + (f"nearest: {', '.join(nearest)}; " if nearest else "")
           + f"accepted: {', '.join(accepted)})")
 
