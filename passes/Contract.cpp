@@ -974,11 +974,8 @@ llvm::json::Object lossScaleJson() {
   llvm::json::Object layouts;
   for (auto [name, mode] : llvm::zip(kModeNames, kModes)) {
     LossScaleLayout layout = lossScaleLayout(mode);
-    LossScaleLayout unchecked = lossScaleLayout(mode, false);
-    layouts[name] = llvm::json::Object{
-        {"arguments", strings(layout.arguments)},
-        {"results", strings(layout.results)},
-        {"results_unchecked", strings(unchecked.results)}};
+    layouts[name] = llvm::json::Object{{"arguments", strings(layout.arguments)},
+                                       {"results", strings(layout.results)}};
   }
   // An array: the order is LossScaleConfig's (for reprs and messages).
   llvm::json::Array fields;

@@ -239,11 +239,11 @@ FailureOr<Value> LossScalePass::unscaleAndCheck(TrainingStep &step,
     auto element = type ? dyn_cast<FloatType>(type.getElementType()) : nullptr;
     if (!element)
       return gradient; // integer leaves (step counters) have no gradient
+    if (!checksGradients())
+      return gradient; // mode=none: nothing to unscale, nothing asked
     Location loc = gradient.getLoc();
     // Unscaled and checked in f32, or in the gradient's own dtype if wider
     // (f64 under x64 keeps its precision).
-    if (!state.inverse && !checksGradients())
-      return gradient;
     Type wide = element.getWidth() > 32 ? Type(element) : f32;
     Value value = element == wide
                       ? gradient

@@ -87,16 +87,14 @@ def loss_scale_defaults() -> Mapping[str, Any]:
              for field in loss_scale_fields()}}
 
 
-def loss_scale_layout(mode: str, checked: bool = True
-                      ) -> Mapping[str, tuple[str, ...]]:
+def loss_scale_layout(mode: str) -> Mapping[str, tuple[str, ...]]:
   """What `amp-loss-scale` in `mode` appends to `main`: ``arguments`` and
-  ``results``, each a tuple of role attribute names, in order. A loss scale
-  always checks the gradients; mode ``none`` appends the check only when
-  `checked` (``check-grads``)."""
+  ``results``, each a tuple of role attribute names, in order (mode
+  ``none`` appends its check only with ``check-grads``; a program's own
+  roles say whether it did)."""
   layout = document()["loss_scale"]["layouts"][mode]
   return {"arguments": tuple(layout["arguments"]),
-          "results": tuple(layout["results" if checked
-                                  else "results_unchecked"])}
+          "results": tuple(layout["results"])}
 
 
 def _keys(typename: str, by_role: Mapping[str, str]) -> NamedTuple:
