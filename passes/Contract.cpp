@@ -243,6 +243,8 @@ constexpr ReasonInfo kReasons[] = {
     {Reason::BetweenLowOps, "between_low_ops", "between low-precision ops"},
     {Reason::FeedsLowOps, "feeds_low_ops", "feeds only low-precision ops"},
     {Reason::InputsLow, "inputs_low", "inputs are low precision"},
+    {Reason::ScalesLowGradient, "scales_low_gradient",
+     "scales a gradient a matrix multiply wrote in the compute dtype"},
     {Reason::LevelO3, "level_o3", "level O3: every float op"},
     {Reason::ForceCompute, "force_compute", "force-compute override"},
     {Reason::ScopeCompute, "scope_compute",

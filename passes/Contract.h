@@ -283,6 +283,7 @@ enum class Reason {
   BetweenLowOps,
   FeedsLowOps,
   InputsLow,
+  ScalesLowGradient,
   LevelO3,
   ForceCompute,
   ScopeCompute,

@@ -74,6 +74,11 @@ private:
   llvm::DenseSet<Value> roundedValues;
   /// Strict: one reduce_precision per value.
   llvm::DenseMap<Value, Value> roundings;
+  /// Backward-pass ops that read a forward value stored low in the compute
+  /// dtype where others read it in f32, and each stored value's rounding
+  /// with the barrier that holds it.
+  llvm::DenseSet<Operation *> backwardReadersOfStored;
+  llvm::SmallVector<std::pair<Value, Value>> heldCopies;
 
   bool isLowConstant(Value value) const;
   bool isHeldFull(Value value) const;
@@ -87,6 +92,7 @@ private:
   void lowerBodies();
   void storeLow();
   void insertConverts();
+  void readStoredAcrossPasses();
   Value convertOnce(Value value, Type wanted);
   void eraseDeadConstants();
   void updateSignatures();
@@ -214,6 +220,27 @@ void ConvertRewriter::plan() {
     if (shlo::isConstant(op) && analysis.decision(op).low)
       lowConstants.push_back(op);
   }
+  // A forward value stored low whose held copy the backward pass reads in
+  // f32 anyway: its low backward readers read that copy as well.
+  for (Value value : analysis.storedValues()) {
+    if (analysis.inBackwardPass(value))
+      continue;
+    llvm::SmallVector<Operation *> lowReaders;
+    bool fullReader = false;
+    for (OpOperand &use : value.getUses()) {
+      Operation *user = use.getOwner();
+      if (!llvm::any_of(user->getResults(), [&](Value result) {
+            return analysis.inBackwardPass(result);
+          }))
+        continue;
+      if (analysis.isFull(analysis.wantedType(use)))
+        fullReader = true;
+      else
+        lowReaders.push_back(user);
+    }
+    if (fullReader)
+      backwardReadersOfStored.insert(lowReaders.begin(), lowReaders.end());
+  }
 }
 
 /// Values a reduction body captures from outside (jax.export hoists a
@@ -319,6 +346,7 @@ void ConvertRewriter::storeLow() {
     });
     // Readers that want the compute dtype read the rounded value itself.
     converted[{back, lowType}] = low;
+    heldCopies.push_back({low, held});
   }
 }
 
@@ -332,6 +360,19 @@ void ConvertRewriter::insertConverts() {
     else if (!isRounded(value))
       use.operand->set(roundOnce(value));
   }
+}
+
+/// Where the backward pass reads a stored forward value's held copy in
+/// f32, its low readers there read that copy too: one that read the
+/// rounding before the barrier would keep the rounding alive beside the held
+/// copy, or amp-rematerialize would recompute it for them, and neither frees
+/// anything. Forward readers keep reading it before the barrier, in the
+/// kernel that makes it.
+void ConvertRewriter::readStoredAcrossPasses() {
+  for (auto [low, held] : heldCopies)
+    low.replaceUsesWithIf(held, [&](OpOperand &use) {
+      return backwardReadersOfStored.contains(use.getOwner());
+    });
 }
 
 void ConvertRewriter::eraseDeadConstants() {
@@ -376,6 +417,7 @@ bool ConvertRewriter::run() {
   // Stored values first: their low readers then share the stored convert.
   storeLow();
   insertConverts();
+  readStoredAcrossPasses();
   eraseDeadConstants();
   updateSignatures();
   canonicalizeCpuDots();

@@ -38,8 +38,13 @@ PrecisionAnalysis::PrecisionAnalysis(ModuleOp module,
   explainFullPrecision();
   if (options.storage == Storage::Compute && compute != full)
     decideStorage();
-  if (options.reduceDtype == ReduceDtype::Compute && compute != full)
-    reduceInComputeDtype(module);
+  if (compute == full)
+    return;
+  backward = backwardValues(module);
+  if (options.reduceDtype == ReduceDtype::Compute)
+    reduceInComputeDtype();
+  if (options.target != Target::Cpu)
+    keepGradientProductsLow();
 }
 
 /// reduce-dtype=compute: the backward pass's low-precision GEMMs write
@@ -48,8 +53,7 @@ PrecisionAnalysis::PrecisionAnalysis(ModuleOp module,
 /// weight gradient summed over a batch split across devices, an activation
 /// gradient over a split weight) the partial sums it reduces across devices
 /// are compute-dtype values, as a hand-cast step's are.
-void PrecisionAnalysis::reduceInComputeDtype(ModuleOp module) {
-  llvm::DenseSet<Value> backward = backwardValues(module);
+void PrecisionAnalysis::reduceInComputeDtype() {
   for (Operation *op : order) {
     const OpDecision &d = decision(op);
     if (d.cls != OpClass::Allow || !d.low || op->getNumResults() != 1 ||
@@ -57,6 +61,49 @@ void PrecisionAnalysis::reduceInComputeDtype(ModuleOp module) {
       continue;
     lowResultDots.insert(op);
     // A result stored low is now made low: nothing is left to round.
+    if (stored.erase(op->getResult(0)))
+      llvm::erase(storedOrder, op->getResult(0));
+  }
+}
+
+/// A gradient that a matrix multiply wrote in the compute dtype (rounded
+/// once, after f32 accumulation) stays in it while forward values scale
+/// it: layer norm's backward pass multiplies dy by gamma, rstd and x - mean,
+/// GELU's by gelu'(h), softmax's by its exponential. In f32 those products
+/// keep digits dy has lost already, and XLA writes them in f32 between its
+/// kernels: three per layer norm, where a hand cast writes two in bf16
+/// (docs/DESIGN.md, "Decisions with a price"). The sums, differences and
+/// reductions that read them stay f32. Only where the compute dtype has
+/// f32's exponent range (bf16): an f16 product can overflow or flush to
+/// zero where the f32 one would not. The other factor is a forward value
+/// (a parameter, a statistic, an activation): a scalar (a loss scale, an
+/// optimizer's coefficient) or an f32 gradient keeps the product f32.
+void PrecisionAnalysis::keepGradientProductsLow() {
+  auto floatType = dyn_cast<FloatType>(compute);
+  if (!floatType || llvm::APFloat::semanticsMaxExponent(
+                        floatType.getFloatSemantics()) <
+                        llvm::APFloat::semanticsMaxExponent(
+                            cast<FloatType>(full).getFloatSemantics()))
+    return;
+  auto lowGradient = [&](Value value) {
+    return backward.contains(value) &&
+           shlo::getFloatElementType(newType(value)) == compute;
+  };
+  auto forwardFactor = [&](Value value) {
+    return !backward.contains(value) && !shlo::isScalarSplat(value);
+  };
+  for (Operation *op : order) {
+    OpDecision &d = at(op);
+    if (!shlo::is(op, "multiply") || d.low || !paintable(d) ||
+        !isFull(op->getResult(0)) || !backward.contains(op->getResult(0)))
+      continue;
+    Value lhs = op->getOperand(0), rhs = op->getOperand(1);
+    if (!((lowGradient(lhs) && forwardFactor(rhs)) ||
+          (lowGradient(rhs) && forwardFactor(lhs))))
+      continue;
+    d.low = true;
+    d.reason = Reason::ScalesLowGradient;
+    // Made low now: nothing is left to round.
     if (stored.erase(op->getResult(0)))
       llvm::erase(storedOrder, op->getResult(0));
   }

@@ -84,6 +84,10 @@ public:
   /// Values stored low (rounded to the compute dtype right after they are
   /// made and read back in f32 by their f32 users), in program order.
   llvm::ArrayRef<Value> storedValues() const { return storedOrder; }
+  /// Whether `value` is derived from the loss seed or a cotangent (it is
+  /// a gradient, or on the way to one); known only when something is
+  /// lowered.
+  bool inBackwardPass(Value value) const { return backward.contains(value); }
   /// Ops with a reduction body whose body computes in the compute dtype.
   bool lowersBody(Operation *op) const;
   /// The report's view of an op: its precision and the reason.
@@ -103,6 +107,7 @@ private:
   std::vector<Operation *> order;
   llvm::DenseMap<Operation *, OpDecision> decisions;
   llvm::DenseSet<Value> exact; ///< values that must not be rounded
+  llvm::DenseSet<Value> backward; ///< derived from the loss seed
   /// Call sites of each function, by name.
   llvm::DenseMap<Attribute, llvm::SmallVector<Operation *>> callSites;
   llvm::DenseSet<Value> stored;
@@ -141,7 +146,8 @@ private:
   };
   ValueKinds classifyValues() const;
   void decideStorage();
-  void reduceInComputeDtype(ModuleOp module);
+  void reduceInComputeDtype();
+  void keepGradientProductsLow();
   bool isCheapToRebuild(Operation *op) const;
   bool dividedByItsOwnSum(Value value) const;
   bool mayStoreLow(Value value, const llvm::DenseSet<Value> &statistics,

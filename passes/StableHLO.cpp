@@ -402,6 +402,24 @@ std::optional<int64_t> shlo::numElements(Type type) {
   return ranked.getNumElements();
 }
 
+bool shlo::isScalarSplat(Value value) {
+  while (Operation *def = value.getDefiningOp()) {
+    if (std::optional<int64_t> elements = numElements(value.getType());
+        elements && *elements == 1)
+      return true;
+    if (isConstant(def)) {
+      auto dense = def->getAttrOfType<DenseElementsAttr>("value");
+      return dense && dense.isSplat();
+    }
+    if (!is(def, "broadcast_in_dim") && !is(def, "reshape") &&
+        !is(def, "convert"))
+      return false;
+    value = def->getOperand(0);
+  }
+  std::optional<int64_t> elements = numElements(value.getType());
+  return elements && *elements == 1;
+}
+
 //===----------------------------------------------------------------------===//
 // dot_general dimension numbers
 //===----------------------------------------------------------------------===//

@@ -148,6 +148,9 @@ bool isExactWidening(Type from, Type to);
 Type withElementType(Type type, Type elementType);
 /// Static element count of a ranked tensor, or nullopt.
 std::optional<int64_t> numElements(Type type);
+/// True if every element of `value` is one number: a splat constant, or a
+/// broadcast (through reshapes and converts) of a one-element tensor.
+bool isScalarSplat(Value value);
 
 //===----------------------------------------------------------------------===//
 // dot_general dimension numbers

@@ -1,7 +1,8 @@
 """The defaults chosen by what they cost on the target (docs/results.md,
 "Estimated step time"): GEMM results in the compute dtype where f32 buys
-nothing, discrete decisions that keep only their gate in f32, and neither
-a check nor a skip of a step without a loss scale."""
+nothing, and the gradients they write kept there while forward values scale
+them; discrete decisions that keep only their gate in f32; neither a check
+nor a skip of a step without a loss scale."""
 
 from __future__ import annotations
 
@@ -72,6 +73,66 @@ def _router_args():
   return (jax.random.normal(keys[0], (256, 64)),
           jax.random.normal(keys[1], (64, 64)) / 8,
           jax.random.normal(keys[2], (64, 8)))
+
+
+def _pre_ln_loss(params, batch):
+  # A layer norm with its gain, read by a matrix multiply: the backward pass
+  # scales the multiply's dX (dy) by the gain, rstd and x - mean.
+  h = batch @ params["w1"]
+  mean = h.mean(-1, keepdims=True)
+  centred = h - mean
+  rstd = jax.lax.rsqrt((centred ** 2).mean(-1, keepdims=True) + 1e-5)
+  y = centred * rstd * params["gain"] + params["bias"]
+  return jnp.tanh(y @ params["w2"]).mean()
+
+
+PRE_LN = ({"w1": jax.random.normal(jax.random.key(0), (128, 128)) / 11,
+           "w2": jax.random.normal(jax.random.key(1), (128, 128)) / 11,
+           "gain": 1 + jax.random.normal(jax.random.key(2), (128,)) / 10,
+           "bias": jnp.zeros(128)},
+          jax.random.normal(jax.random.key(3), (256, 128)))
+
+
+def _scaled_gradients(step, params, batch) -> list[str]:
+  report = step.lower(step.init(params), batch).report()
+  return [d.op for d in report.decisions
+          if d.reason_id == "scales_low_gradient"]
+
+
+@pytest.mark.parametrize("target, policy, options, lowered", [
+    ("gpu", BF16, {}, True), ("tpu", BF16, {}, True),
+    # f16's range is not f32's; a GEMM that writes f32; XLA:CPU.
+    ("gpu", F16, {}, False), ("gpu", BF16, {"dot_result": "f32"}, False),
+    ("cpu", BF16, {}, False)])
+def test_a_gradient_a_gemm_wrote_in_bf16_stays_there_while_forward_values_scale_it(
+    target, policy, options, lowered):
+  params, batch = PRE_LN
+  step = amp.train_step(_pre_ln_loss, optax.sgd(0.1), policy, target=target,
+                        **options)
+  scaled = _scaled_gradients(step, params, batch)
+  assert (len(scaled) > 0) == lowered, scaled
+  assert set(scaled) <= {"stablehlo.multiply"}
+
+
+def test_gradient_products_in_bf16_cost_about_one_rounding():
+  # The gpu rewrite run on XLA:CPU: the gain's gradient (a sum of dy * x̂)
+  # and the first weight's (through the layer norm's backward pass) against
+  # f32, with and without the products in bf16 (dot_result="f32" keeps
+  # dy f32, and the products with it).
+  params, batch = PRE_LN
+  reference = jax.grad(_pre_ln_loss)(params, batch)
+
+  def error(**options):
+    vg = amp.value_and_grad(_pre_ln_loss, BF16, target="gpu", **options)
+    (_, grads), _, _ = vg(params, batch)
+    return {name: float(jnp.linalg.norm(grads[name] - reference[name]) /
+                        jnp.linalg.norm(reference[name]))
+            for name in ("w1", "gain")}
+
+  products, pinned = error(), error(dot_result="f32")
+  for name in products:
+    assert 0 < products[name] < 0.02, (name, products, pinned)
+    assert products[name] < 1.5 * pinned[name], (name, products, pinned)
 
 
 def test_decisions_gate_keeps_the_router_f32_and_the_hidden_state_low():
