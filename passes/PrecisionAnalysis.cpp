@@ -6,7 +6,9 @@
 // stays f32 and is rounded only where a low-precision consumer needs it.
 // Before painting, the values that feed discrete decisions or linear algebra
 // are pinned to f32 back through their producers; after it, large f32
-// results that are read again far away are marked for low-precision storage.
+// results that are read again far away are marked for low-precision storage,
+// and a gradient a GEMM wrote in bf16 stays bf16 where forward values scale
+// it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -73,17 +75,13 @@ void PrecisionAnalysis::reduceInComputeDtype() {
 /// keep digits dy has lost already, and XLA writes them in f32 between its
 /// kernels: three per layer norm, where a hand cast writes two in bf16
 /// (docs/DESIGN.md, "Decisions with a price"). The sums, differences and
-/// reductions that read them stay f32. Only where the compute dtype has
-/// f32's exponent range (bf16): an f16 product can overflow or flush to
-/// zero where the f32 one would not. The other factor is a forward value
+/// reductions that read them stay f32. Only for bf16, which has f32's
+/// exponent range: an f16 product can overflow or flush to zero where the
+/// f32 one would not. The other factor is a forward value
 /// (a parameter, a statistic, an activation): a scalar (a loss scale, an
 /// optimizer's coefficient) or an f32 gradient keeps the product f32.
 void PrecisionAnalysis::keepGradientProductsLow() {
-  auto floatType = dyn_cast<FloatType>(compute);
-  if (!floatType || llvm::APFloat::semanticsMaxExponent(
-                        floatType.getFloatSemantics()) <
-                        llvm::APFloat::semanticsMaxExponent(
-                            cast<FloatType>(full).getFloatSemantics()))
+  if (opts.policy.compute != Dtype::BF16)
     return;
   auto lowGradient = [&](Value value) {
     return backward.contains(value) &&

@@ -109,7 +109,7 @@ bool isSoftmaxReduction(Operation *op) {
   if (!reducesWith(op, "add") || op->getNumOperands() != 2)
     return false;
   Operation *input = op->getOperand(0).getDefiningOp();
-  while (input && shlo::is(input, "convert"))
+  while (input && shlo::isConvert(input))
     input = input->getOperand(0).getDefiningOp();
   return input && shlo::is(input, "exponential");
 }

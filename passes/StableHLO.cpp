@@ -403,21 +403,20 @@ std::optional<int64_t> shlo::numElements(Type type) {
 }
 
 bool shlo::isScalarSplat(Value value) {
-  while (Operation *def = value.getDefiningOp()) {
+  while (true) {
     if (std::optional<int64_t> elements = numElements(value.getType());
         elements && *elements == 1)
       return true;
-    if (isConstant(def)) {
+    Operation *def = value.getDefiningOp();
+    if (def && isConstant(def)) {
       auto dense = def->getAttrOfType<DenseElementsAttr>("value");
       return dense && dense.isSplat();
     }
-    if (!is(def, "broadcast_in_dim") && !is(def, "reshape") &&
-        !is(def, "convert"))
+    if (!def || !(is(def, "broadcast_in_dim") || is(def, "reshape") ||
+                  isConvert(def)))
       return false;
     value = def->getOperand(0);
   }
-  std::optional<int64_t> elements = numElements(value.getType());
-  return elements && *elements == 1;
 }
 
 //===----------------------------------------------------------------------===//
