@@ -245,6 +245,8 @@ constexpr ReasonInfo kReasons[] = {
     {Reason::InputsLow, "inputs_low", "inputs are low precision"},
     {Reason::ScalesLowGradient, "scales_low_gradient",
      "scales a gradient a matrix multiply wrote in the compute dtype"},
+    {Reason::PartitionedNormTerm, "partitioned_norm_term",
+     "a normalisation's backward term, moved between devices"},
     {Reason::LevelO3, "level_o3", "level O3: every float op"},
     {Reason::ForceCompute, "force_compute", "force-compute override"},
     {Reason::ScopeCompute, "scope_compute",
@@ -1118,6 +1120,7 @@ llvm::json::Object attributesJson() {
       {"fp8_marker", attr::kFp8Marker},
       {"scaled_dot_composite", attr::kScaledDotComposite},
       {"num_partitions", attr::kNumPartitions},
+      {"partition_dependent", attr::kPartitionDependent},
   };
 }
 } // namespace

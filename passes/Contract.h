@@ -101,6 +101,12 @@ inline constexpr llvm::StringLiteral kScaledDotComposite = "xla.scaled_dot";
 /// SPMD partitioner splits the program into (the driver writes it on the
 /// copy it rebuilds for a partitioned lowering).
 inline constexpr llvm::StringLiteral kNumPartitions = "mhlo.num_partitions";
+/// Unit attribute amp-insert-converts writes on a module it rewrote without
+/// `mhlo.num_partitions` where a decision depends on the partition count
+/// (reason `partitioned_norm_term`): the driver rewrites it again for a
+/// partitioned lowering.
+inline constexpr llvm::StringLiteral kPartitionDependent =
+    "amp.partition_dependent";
 } // namespace attr
 
 //===----------------------------------------------------------------------===//
@@ -284,6 +290,7 @@ enum class Reason {
   FeedsLowOps,
   InputsLow,
   ScalesLowGradient,
+  PartitionedNormTerm,
   LevelO3,
   ForceCompute,
   ScopeCompute,

@@ -585,6 +585,8 @@ void InsertConvertsPass::runOnOperation() {
     return signalPassFailure();
   }
   PrecisionAnalysis analysis(module, parsed);
+  if (analysis.dependsOnPartitions())
+    module->setAttr(attr::kPartitionDependent, UnitAttr::get(&getContext()));
   // Decisions are attached before rewriting, while every op is where the
   // analysis saw it; the CPU dot rewrite carries them to the new dots.
   if (report)

@@ -34,6 +34,11 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
       read again across a matrix multiply is rounded after its producer,
       through an `optimization_barrier`, and read back in f32; not
       statistics, normalised data or cheap rebuilds (docs/storage.md).
+    - bf16 on gpu and tpu: a backward multiply of a bf16 gradient by a
+      forward value stays bf16. With `mhlo.num_partitions` > 1 so does a
+      normalisation's backward term (centred data times a per-row gradient
+      statistic), which the partitioner moves between devices; without,
+      the module gets `amp.partition_dependent` (docs/sharding.md).
     - `strict=true`: every rounding as a `reduce_precision`. `target=cpu`:
       lowered dots in XLA:CPU's NT-canonical form, convolutions f32.
       `scopes=PATTERN=f32|compute`: the ops of matching scopes (longest

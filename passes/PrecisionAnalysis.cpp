@@ -45,8 +45,10 @@ PrecisionAnalysis::PrecisionAnalysis(ModuleOp module,
   backward = backwardValues(module);
   if (options.reduceDtype == ReduceDtype::Compute)
     reduceInComputeDtype();
-  if (options.target != Target::Cpu)
+  if (options.target != Target::Cpu) {
     keepGradientProductsLow();
+    keepPartitionedNormTermsLow(shlo::partitionCount(module) > 1);
+  }
 }
 
 /// reduce-dtype=compute: the backward pass's low-precision GEMMs write
@@ -102,6 +104,58 @@ void PrecisionAnalysis::keepGradientProductsLow() {
     d.low = true;
     d.reason = Reason::ScalesLowGradient;
     // Made low now: nothing is left to round.
+    if (stored.erase(op->getResult(0)))
+      llvm::erase(storedOrder, op->getResult(0));
+  }
+}
+
+/// In a partitioned program, layer norm's (and batch norm's) backward
+/// terms that multiply centred forward data by a per-row gradient
+/// statistic, (x - mean) dvar and x̂ mean(dy x̂), are made in the compute
+/// dtype as well. XLA's partitioner computes them where the forward data
+/// lives and moves them to where the input gradient is summed: in f32 that
+/// is an all-to-all of twice the bytes a hand cast moves (72 MiB per
+/// device on the bench's FSDP LM). On one device nothing is moved, the f32
+/// product fuses into the sum that reads it, and rounding it would only add
+/// kernels, so the rule waits for a partitioned program; in one that is
+/// not, it only records that it would apply (`dependsOnPartitions`). The
+/// sum stays f32. Softmax's p sum(p dp) is not one of these terms: p is
+/// not centred, and p dp - p sum(p dp) cancels where dp is nearly constant
+/// along a row.
+void PrecisionAnalysis::keepPartitionedNormTermsLow(bool partitioned) {
+  if (opts.policy.compute != Dtype::BF16)
+    return;
+  llvm::DenseSet<Value> centred = classifyValues().centred;
+  // A backward value broadcast from fewer elements: a per-row statistic.
+  auto rowStatisticGradient = [&](Value value) {
+    if (!backward.contains(value) || !isFull(newType(value)))
+      return false;
+    Operation *def = value.getDefiningOp();
+    if (!def || !shlo::is(def, "broadcast_in_dim") ||
+        shlo::isScalarSplat(value))
+      return false;
+    std::optional<int64_t> from = shlo::numElements(def->getOperand(0).getType());
+    std::optional<int64_t> to = shlo::numElements(value.getType());
+    return from && to && *from < *to;
+  };
+  auto centredForward = [&](Value value) {
+    return !backward.contains(value) && centred.contains(value);
+  };
+  for (Operation *op : order) {
+    OpDecision &d = at(op);
+    if (!shlo::is(op, "multiply") || d.low || !paintable(d) ||
+        !isFull(op->getResult(0)) || !backward.contains(op->getResult(0)))
+      continue;
+    Value lhs = op->getOperand(0), rhs = op->getOperand(1);
+    if (!((centredForward(lhs) && rowStatisticGradient(rhs)) ||
+          (centredForward(rhs) && rowStatisticGradient(lhs))))
+      continue;
+    if (!partitioned) {
+      partitionDependent = true;
+      continue;
+    }
+    d.low = true;
+    d.reason = Reason::PartitionedNormTerm;
     if (stored.erase(op->getResult(0)))
       llvm::erase(storedOrder, op->getResult(0));
   }
@@ -770,6 +824,7 @@ PrecisionAnalysis::ValueKinds PrecisionAnalysis::classifyValues() const {
   llvm::DenseSet<Value> &statistics = kinds.statistics;
   llvm::DenseSet<Value> &constants = kinds.constants;
   llvm::DenseSet<Value> &normalised = kinds.normalised;
+  llvm::DenseSet<Value> &centred = kinds.centred;
   // Statistics: reduction results and what elementwise arithmetic makes of
   // them and of constants alone (mean, variance, rsqrt(var + eps), the
   // softmax max and sum).
@@ -789,7 +844,8 @@ PrecisionAnalysis::ValueKinds PrecisionAnalysis::classifyValues() const {
     bool reduction = shlo::hasApplierRegions(op) &&
                      (d.cls == OpClass::Deny || d.cls == OpClass::Clear);
     bool anyStatistic = false, allStatOrConst = op->getNumOperands() > 0;
-    bool anyNormalised = false, anyUnroundedData = false;
+    bool anyNormalised = false, anyCentred = false, anyUnroundedData = false;
+    bool anyData = false;
     bool allConstant =
         op->getNumOperands() > 0 && d.cls != OpClass::Allow &&
         d.cls != OpClass::Fixed &&
@@ -802,6 +858,10 @@ PrecisionAnalysis::ValueKinds PrecisionAnalysis::classifyValues() const {
       allStatOrConst &=
           statistics.contains(operand) || constants.contains(operand);
       anyNormalised |= normalised.contains(operand);
+      anyCentred |= centred.contains(operand);
+      bool data = !statistics.contains(operand) &&
+                  !constants.contains(operand) && !centred.contains(operand);
+      anyData |= data;
       Operation *producer = operand.getDefiningOp();
       anyUnroundedData |= !statistics.contains(operand) &&
                           !constants.contains(operand) &&
@@ -820,6 +880,11 @@ PrecisionAnalysis::ValueKinds PrecisionAnalysis::classifyValues() const {
                  shlo::isChlo(op, "square")) &&
                 anyNormalised && !anyUnroundedData))
         normalised.insert(result);
+      if ((shlo::is(op, "subtract") && anyStatistic && anyData) ||
+          ((shlo::is(op, "multiply") || shlo::is(op, "divide") ||
+            shlo::isChlo(op, "square")) &&
+           anyCentred && !anyData))
+        centred.insert(result);
     }
   }
   return kinds;

@@ -88,6 +88,10 @@ public:
   /// a gradient, or on the way to one); known only when something is
   /// lowered.
   bool inBackwardPass(Value value) const { return backward.contains(value); }
+  /// Whether a decision depends on how many partitions XLA's SPMD
+  /// partitioner splits the program into (`mhlo.num_partitions`): a driver
+  /// that lowers it partitioned rewrites it again, declared so.
+  bool dependsOnPartitions() const { return partitionDependent; }
   /// Ops with a reduction body whose body computes in the compute dtype.
   bool lowersBody(Operation *op) const;
   /// The report's view of an op: its precision and the reason.
@@ -114,6 +118,7 @@ private:
   /// Lowered dots whose result is made in the compute dtype (gpu/tpu).
   llvm::DenseSet<Operation *> lowResultDots;
   std::vector<Value> storedOrder;
+  bool partitionDependent = false;
 
   // Building the graph.
   void collect(ModuleOp module);
@@ -143,11 +148,14 @@ private:
     llvm::DenseSet<Value> statistics; ///< reductions and their arithmetic
     llvm::DenseSet<Value> constants;  ///< constants and their data movement
     llvm::DenseSet<Value> normalised; ///< f32 data centred by a statistic
+    /// Data centred by a statistic, rounded or not, and its scalings.
+    llvm::DenseSet<Value> centred;
   };
   ValueKinds classifyValues() const;
   void decideStorage();
   void reduceInComputeDtype();
   void keepGradientProductsLow();
+  void keepPartitionedNormTermsLow(bool partitioned);
   bool isCheapToRebuild(Operation *op) const;
   bool dividedByItsOwnSum(Value value) const;
   bool mayStoreLow(Value value, const llvm::DenseSet<Value> &statistics,

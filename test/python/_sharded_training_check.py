@@ -192,6 +192,55 @@ def mxfp8(mesh: Mesh) -> dict:
   return facts
 
 
+def ln_loss(params, batch):
+  h = batch @ params["w1"]
+  mean = h.mean(-1, keepdims=True)
+  centred = h - mean
+  rstd = jax.lax.rsqrt((centred ** 2).mean(-1, keepdims=True) + 1e-5)
+  y = centred * rstd * params["gain"] + params["bias"]
+  return jnp.mean((y @ params["w2"]) ** 2)
+
+
+def norm_terms(mesh: Mesh) -> dict:
+  """A layer norm between two GEMMs, target gpu, bf16: the same step
+  lowered over `mesh` (FSDP) and on one device. Per lowering, the ops the
+  report gives reason `partitioned_norm_term`; and how far the update of
+  two sharded SGD steps is from that of two on one device, relative to the
+  update (the largest over the parameters)."""
+  keys = jax.random.split(jax.random.key(0), 3)
+  params = {"w1": jax.random.normal(keys[0], (256, 512)) / 16,
+            "w2": jax.random.normal(keys[1], (512, 256)) / 23,
+            "gain": jnp.ones((512,)), "bias": jnp.zeros((512,))}
+  specs = {"w1": P(None, "fsdp"), "w2": P("fsdp", None), "gain": P("fsdp"),
+           "bias": P("fsdp")}
+  batch = jax.random.normal(keys[2], (64, 256))
+  step = amp.train_step(ln_loss, optax.sgd(0.1), "p=f32,c=bf16,o=f32",
+                        target="gpu")
+
+  def terms(lowered) -> list[str]:
+    return [d.op for d in lowered.report().decisions
+            if d.reason_id == "partitioned_norm_term"]
+
+  state = step.init(jax.device_put(
+      params, {k: NamedSharding(mesh, specs[k]) for k in params}))
+  sharded_batch = jax.device_put(batch, NamedSharding(mesh, P("fsdp", None)))
+  facts = {"sharded": terms(step.lower(state, sharded_batch))}
+  device = jax.devices()[0]
+  single_state = step.init(jax.device_put(params, device))
+  facts["single"] = terms(step.lower(single_state,
+                                     jax.device_put(batch, device)))
+  for _ in range(2):
+    state, _ = step(state, sharded_batch)
+    single_state, _ = step(single_state, jax.device_put(batch, device))
+  facts["update_difference"] = max(
+      float(np.linalg.norm(np.asarray(a) - np.asarray(b)) /
+            np.linalg.norm(np.asarray(b) - np.asarray(p)))
+      for a, b, p in zip(jax.tree_util.tree_leaves(state.params),
+                         jax.tree_util.tree_leaves(single_state.params),
+                         jax.tree_util.tree_leaves(params)))
+  return facts
+
+
 def main() -> None:
   if sys.argv[1:2] == ["reductions"]:
     json.dump(reductions(sys.argv[2]), sys.stdout)
@@ -207,7 +256,8 @@ def main() -> None:
   if "explicit" in meshes:
     results["explicit-f8"] = run(meshes["explicit"], "f8")
   json.dump({"device_count": jax.device_count(), "cases": results,
-             "mxfp8": mxfp8(meshes["auto"])}, sys.stdout)
+             "mxfp8": mxfp8(meshes["auto"]),
+             "norm_terms": norm_terms(meshes["auto"])}, sys.stdout)
 
 
 if __name__ == "__main__":

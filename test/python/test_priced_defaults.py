@@ -15,7 +15,8 @@ import optax
 import pytest
 
 import stablehlo_amp as amp
-from stablehlo_amp._src import cli
+from stablehlo_amp._src import cli, contract
+from stablehlo_amp._src import pipeline as pl
 
 BF16 = "p=f32,c=bf16,o=f32"
 F16 = "p=f32,c=f16,o=f32"
@@ -256,3 +257,49 @@ def test_an_unknown_rematerialize_for_names_the_accepted_ones():
     amp.train_step(lambda p, b: (b @ p).sum(), optax.sgd(0.1), BF16,
                    rematerialize_for="fast")
   assert cli.main(["-", "--rematerialize-for", "fast"]) == 2
+
+
+
+# A layer norm's backward term (x - mean) * dvar, the loss seed marked.
+_NORM_TERM = """
+func.func public @main(%x: tensor<64x128xf32>, %g: tensor<64x128xf32>,
+                       %seed: tensor<f32> {amp.loss_seed}) -> tensor<64x128xf32> {
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %sum = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>
+  %n = stablehlo.constant dense<0.0078125> : tensor<64xf32>
+  %mean = stablehlo.multiply %sum, %n : tensor<64xf32>
+  %mb = stablehlo.broadcast_in_dim %mean, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
+  %c = stablehlo.subtract %x, %mb : tensor<64x128xf32>
+  %s = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
+  %ds = stablehlo.multiply %g, %s : tensor<64x128xf32>
+  %p = stablehlo.multiply %ds, %c : tensor<64x128xf32>
+  %dvar = stablehlo.reduce(%p init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>
+  %db = stablehlo.broadcast_in_dim %dvar, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
+  %term = stablehlo.multiply %c, %db : tensor<64x128xf32>
+  %dx = stablehlo.subtract %ds, %term : tensor<64x128xf32>
+  return %dx : tensor<64x128xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("partitions, low", [(None, False), (1, False),
+                                             (8, True)])
+def test_norm_terms_are_bf16_only_in_a_partitioned_module(partitions, low):
+  """The term is made in bf16 where `mhlo.num_partitions` > 1; elsewhere
+  it stays f32, and the rewrite says a partitioned lowering would decide
+  differently (the pass's marker, read and removed)."""
+  text = _NORM_TERM if partitions is None else (
+      f"module attributes {{mhlo.num_partitions = {partitions} : i32}} {{"
+      f"{_NORM_TERM}}}")
+  result = pl.rewrite_module(text, BF16, target="gpu")
+  out = str(result.module)
+  assert ("tensor<64x128xbf16>" in out) == low
+  assert result.partition_dependent == (not low)
+  assert contract.attribute("partition_dependent") not in out
+  assert contract.attribute("partition_dependent") not in amp.rewrite(
+      text, BF16, target="gpu")
+  # f16 and cpu: no such term, and nothing to redo.
+  for options in ({"target": "gpu", "policy": F16},
+                  {"target": "cpu", "policy": BF16}):
+    other = pl.rewrite_module(text, options.pop("policy"), **options)
+    assert not other.partition_dependent

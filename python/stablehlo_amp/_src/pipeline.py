@@ -526,6 +526,9 @@ class RewriteResult:
     self._make_report = make_report
     self.form = form or SourceForm()
     self.calibration = None  # set by calibration: what it kept and why
+    # Whether a decision depends on the partition count the module was
+    # rewritten for (`mhlo.num_partitions`; amp-insert-converts).
+    self.partition_dependent = False
 
   @property
   def report(self) -> Report | None:
@@ -675,12 +678,20 @@ def rewrite_module(source: str | bytes | ir.Module, policy: Policy | str,
     pipeline = build_pipeline(policy, options, loss_scale=loss_scale)
     info = {"policy": str(policy), "level": options.level,
             "target": options.target}
-    return run_pipeline(
+    result = run_pipeline(
         module, pipeline, context=context, source_name=source_name,
         report_pipeline=(build_pipeline(policy, options, report=True,
                                         loss_scale=loss_scale)
                          if report else None),
         report_info=info, form=form)
+    # Read and removed, like the report's annotations: the driver rewrites
+    # the program again for a partitioned lowering.
+    marker = contract.attribute("partition_dependent")
+    attributes = result.module.operation.attributes
+    if marker in attributes:
+      del attributes[marker]
+      result.partition_dependent = True
+  return result
 
 
 def rewrite(mlir_text: str | bytes,

@@ -108,8 +108,10 @@ class Program:
   leaf_avals: tuple = ()
   batched: Callable[[tuple[int | None, ...], int], "Program"] | None = None
   # Where the rewrite wrote what XLA's SPMD partitioner cannot split (the
-  # MXFP8 composite): the program rewritten for a lowering over that many
-  # partitions, built on first use. None where there is nothing to redo.
+  # MXFP8 composite), or decided something by the partition count
+  # (`amp.partition_dependent`): the program rewritten for a lowering over
+  # that many partitions, built on first use. None where there is nothing
+  # to redo.
   partitioned: Callable[[int], "Program"] | None = None
   # The program the latest lowering inlined (this one or a partitioned
   # one): what `Lowered` reports on.
@@ -532,8 +534,9 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
   batched = (_batched_builder(jitted, export_args, export_kwargs, same)
              if exported is None else None)
   partitioned = None
-  if (bytecode is not None and
-      contract.attribute("scaled_dot_composite").encode() in bytecode):
+  if bytecode is not None and (
+      contract.attribute("scaled_dot_composite").encode() in bytecode or
+      result.partition_dependent):
     partitioned = _partitioned_builder(jitted, export_args, export_kwargs,
                                        marked, same)
   done = time.perf_counter()
@@ -559,7 +562,8 @@ def _partitioned_builder(jitted: Callable, export_args: Sequence,
   marked module declared split into that many partitions
   (`mhlo.num_partitions`): the passes then write only what XLA's SPMD
   partitioner can split (amp-fp8-gemms: MXFP8 dequantized, not the
-  composite)."""
+  composite), and make in bf16 the normalisation terms it moves between
+  devices (amp-insert-converts, reason `partitioned_norm_term`)."""
   programs: dict[int, Program] = {}
 
   def make(count: int) -> Program:
