@@ -111,8 +111,8 @@ void PrecisionAnalysis::keepGradientProductsLow() {
 
 /// In a partitioned program, layer norm's (and batch norm's) backward
 /// terms that multiply centred forward data by a per-row gradient
-/// statistic, (x - mean) dvar and x̂ mean(dy x̂), are made in the compute
-/// dtype as well. XLA's partitioner computes them where the forward data
+/// statistic, such as (x - mean) dvar, are made in the compute dtype as
+/// well. XLA's partitioner computes them where the forward data
 /// lives and moves them to where the input gradient is summed: in f32 that
 /// is an all-to-all of twice the bytes a hand cast moves (72 MiB per
 /// device on the bench's FSDP LM). On one device nothing is moved, the f32
@@ -134,7 +134,8 @@ void PrecisionAnalysis::keepPartitionedNormTermsLow(bool partitioned) {
     if (!def || !shlo::is(def, "broadcast_in_dim") ||
         shlo::isScalarSplat(value))
       return false;
-    std::optional<int64_t> from = shlo::numElements(def->getOperand(0).getType());
+    std::optional<int64_t> from =
+        shlo::numElements(def->getOperand(0).getType());
     std::optional<int64_t> to = shlo::numElements(value.getType());
     return from && to && *from < *to;
   };
@@ -839,6 +840,7 @@ PrecisionAnalysis::ValueKinds PrecisionAnalysis::classifyValues() const {
   // was rounded (a convolution XLA:CPU runs in f32), rounding x̂ raised the
   // flax ResNet step's error 4.7x. Data from a low-precision op was rounded
   // already, and may be stored low.
+  // Centred: the same, whatever made the data (keepPartitionedNormTermsLow).
   for (Operation *op : order) {
     const OpDecision &d = decision(op);
     bool reduction = shlo::hasApplierRegions(op) &&
@@ -859,9 +861,8 @@ PrecisionAnalysis::ValueKinds PrecisionAnalysis::classifyValues() const {
           statistics.contains(operand) || constants.contains(operand);
       anyNormalised |= normalised.contains(operand);
       anyCentred |= centred.contains(operand);
-      bool data = !statistics.contains(operand) &&
-                  !constants.contains(operand) && !centred.contains(operand);
-      anyData |= data;
+      anyData |= !statistics.contains(operand) &&
+                 !constants.contains(operand) && !centred.contains(operand);
       Operation *producer = operand.getDefiningOp();
       anyUnroundedData |= !statistics.contains(operand) &&
                           !constants.contains(operand) &&
