@@ -533,12 +533,9 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
               loss_scale=loss_scale)
   batched = (_batched_builder(jitted, export_args, export_kwargs, same)
              if exported is None else None)
-  partitioned = None
-  if bytecode is not None and (
-      contract.attribute("scaled_dot_composite").encode() in bytecode or
-      result.partition_dependent):
-    partitioned = _partitioned_builder(jitted, export_args, export_kwargs,
-                                       marked, same)
+  partitioned = (_partitioned_builder(jitted, export_args, export_kwargs,
+                                      marked, same)
+                 if _depends_on_partitions(result, bytecode) else None)
   done = time.perf_counter()
   return Program(result.module, result,
                  Timings(lower=marked.lower_seconds, rewrite=done - started),
@@ -553,6 +550,16 @@ def build(jitted: Callable, export_args: Sequence, export_kwargs: dict, *,
                  module_out_avals=module_out_avals,
                  leaf_avals=tuple(jax_compat.aval_of(x) for x in leaves),
                  batched=batched, partitioned=partitioned)
+
+
+def _depends_on_partitions(result: pl.RewriteResult,
+                           bytecode: bytes | None) -> bool:
+  """Whether a lowering over several partitions needs the program
+  rewritten for that count: it holds the MXFP8 composite XLA cannot
+  partition, or a decision the pass takes by the partition count."""
+  return bytecode is not None and (
+      contract.attribute("scaled_dot_composite").encode() in bytecode or
+      result.partition_dependent)
 
 
 def _partitioned_builder(jitted: Callable, export_args: Sequence,
