@@ -92,21 +92,9 @@ void PrecisionAnalysis::keepGradientProductsLow() {
   auto forwardFactor = [&](Value value) {
     return !backward.contains(value) && !shlo::isScalarSplat(value);
   };
-  for (Operation *op : order) {
-    OpDecision &d = at(op);
-    if (!shlo::is(op, "multiply") || d.low || !paintable(d) ||
-        !isFull(op->getResult(0)) || !backward.contains(op->getResult(0)))
-      continue;
-    Value lhs = op->getOperand(0), rhs = op->getOperand(1);
-    if (!((lowGradient(lhs) && forwardFactor(rhs)) ||
-          (lowGradient(rhs) && forwardFactor(lhs))))
-      continue;
-    d.low = true;
-    d.reason = Reason::ScalesLowGradient;
-    // Made low now: nothing is left to round.
-    if (stored.erase(op->getResult(0)))
-      llvm::erase(storedOrder, op->getResult(0));
-  }
+  forEachBackwardProduct(lowGradient, forwardFactor, [&](Operation *op) {
+    makeLow(op, Reason::ScalesLowGradient);
+  });
 }
 
 /// In a partitioned program, layer norm's (and batch norm's) backward
@@ -142,24 +130,37 @@ void PrecisionAnalysis::keepPartitionedNormTermsLow(bool partitioned) {
   auto centredForward = [&](Value value) {
     return !backward.contains(value) && centred.contains(value);
   };
+  forEachBackwardProduct(centredForward, rowStatisticGradient,
+                         [&](Operation *op) {
+                           if (partitioned)
+                             makeLow(op, Reason::PartitionedNormTerm);
+                           else
+                             partitionDependent = true;
+                         });
+}
+
+void PrecisionAnalysis::forEachBackwardProduct(
+    llvm::function_ref<bool(Value)> first,
+    llvm::function_ref<bool(Value)> second,
+    llvm::function_ref<void(Operation *)> visit) {
   for (Operation *op : order) {
-    OpDecision &d = at(op);
+    const OpDecision &d = decision(op);
     if (!shlo::is(op, "multiply") || d.low || !paintable(d) ||
         !isFull(op->getResult(0)) || !backward.contains(op->getResult(0)))
       continue;
     Value lhs = op->getOperand(0), rhs = op->getOperand(1);
-    if (!((centredForward(lhs) && rowStatisticGradient(rhs)) ||
-          (centredForward(rhs) && rowStatisticGradient(lhs))))
-      continue;
-    if (!partitioned) {
-      partitionDependent = true;
-      continue;
-    }
-    d.low = true;
-    d.reason = Reason::PartitionedNormTerm;
-    if (stored.erase(op->getResult(0)))
-      llvm::erase(storedOrder, op->getResult(0));
+    if ((first(lhs) && second(rhs)) || (first(rhs) && second(lhs)))
+      visit(op);
   }
+}
+
+void PrecisionAnalysis::makeLow(Operation *op, Reason reason) {
+  OpDecision &d = at(op);
+  d.low = true;
+  d.reason = reason;
+  // Made low now: nothing is left to round.
+  if (stored.erase(op->getResult(0)))
+    llvm::erase(storedOrder, op->getResult(0));
 }
 
 //===----------------------------------------------------------------------===//

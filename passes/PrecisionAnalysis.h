@@ -19,6 +19,7 @@
 #include "mlir/IR/BuiltinOps.h"
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/DenseSet.h"
+#include "llvm/ADT/STLFunctionalExtras.h"
 #include "llvm/ADT/StringSet.h"
 
 #include <string>
@@ -156,6 +157,14 @@ private:
   void reduceInComputeDtype();
   void keepGradientProductsLow();
   void keepPartitionedNormTermsLow(bool partitioned);
+  /// Calls `visit` on each paintable f32 multiply of the backward pass, in
+  /// program order, one of whose operands satisfies `first` and the other
+  /// `second`; what `visit` decides is seen by the multiplies after it.
+  void forEachBackwardProduct(llvm::function_ref<bool(Value)> first,
+                              llvm::function_ref<bool(Value)> second,
+                              llvm::function_ref<void(Operation *)> visit);
+  /// `op` computes in the compute dtype, for `reason`.
+  void makeLow(Operation *op, Reason reason);
   bool isCheapToRebuild(Operation *op) const;
   bool dividedByItsOwnSum(Value value) const;
   bool mayStoreLow(Value value, const llvm::DenseSet<Value> &statistics,
