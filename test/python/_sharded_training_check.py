@@ -21,6 +21,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import stablehlo_amp as amp
 from stablehlo_amp._src import hlo
 
+import programs
+
 # Leaf -> how FSDP shards it over the one axis "fsdp". The kernels hold
 # whole f8 blocks on every device; "narrow" does not (2 blocks a row over 8
 # devices), so its f8 moments cannot shard along that axis.
@@ -193,26 +195,21 @@ def mxfp8(mesh: Mesh) -> dict:
 
 
 def ln_loss(params, batch):
-  h = batch @ params["w1"]
-  mean = h.mean(-1, keepdims=True)
-  centred = h - mean
-  rstd = jax.lax.rsqrt((centred ** 2).mean(-1, keepdims=True) + 1e-5)
-  y = centred * rstd * params["gain"] + params["bias"]
-  return jnp.mean((y @ params["w2"]) ** 2)
+  return jnp.mean(programs.layer_norm(params, batch @ params["w1"]) ** 2)
 
 
 def norm_terms(mesh: Mesh) -> dict:
-  """A layer norm between two GEMMs, target gpu, bf16: the same step
-  lowered over `mesh` (FSDP) and on one device. Per lowering, the ops the
-  report gives reason `partitioned_norm_term`; and how far the update of
-  two sharded SGD steps is from that of two on one device, relative to the
-  update (the largest over the parameters)."""
+  """A layer norm (programs.py's) between two GEMMs, target gpu, bf16: the
+  same step lowered over `mesh` (FSDP) and on one device. Per lowering,
+  the ops the report gives reason `partitioned_norm_term`; and how far the
+  update of two sharded SGD steps is from that of two on one device,
+  relative to the update (the largest over the parameters)."""
   keys = jax.random.split(jax.random.key(0), 3)
   params = {"w1": jax.random.normal(keys[0], (256, 512)) / 16,
-            "w2": jax.random.normal(keys[1], (512, 256)) / 23,
-            "gain": jnp.ones((512,)), "bias": jnp.zeros((512,))}
-  specs = {"w1": P(None, "fsdp"), "w2": P("fsdp", None), "gain": P("fsdp"),
-           "bias": P("fsdp")}
+            "w": jax.random.normal(keys[1], (512, 256)) / 23,
+            "gamma": jnp.ones((512,)), "beta": jnp.zeros((512,))}
+  specs = {"w1": P(None, "fsdp"), "w": P("fsdp", None), "gamma": P("fsdp"),
+           "beta": P("fsdp")}
   batch = jax.random.normal(keys[2], (64, 256))
   step = amp.train_step(ln_loss, optax.sgd(0.1), "p=f32,c=bf16,o=f32",
                         target="gpu")
