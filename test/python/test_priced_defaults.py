@@ -259,7 +259,6 @@ def test_an_unknown_rematerialize_for_names_the_accepted_ones():
   assert cli.main(["-", "--rematerialize-for", "fast"]) == 2
 
 
-
 # A layer norm's backward term (x - mean) * dvar, the loss seed marked.
 _NORM_TERM = """
 func.func public @main(%x: tensor<64x128xf32>, %g: tensor<64x128xf32>,
@@ -299,7 +298,6 @@ def test_norm_terms_are_bf16_only_in_a_partitioned_module(partitions, low):
   assert contract.attribute("partition_dependent") not in amp.rewrite(
       text, BF16, target="gpu")
   # f16 and cpu: no such term, and nothing to redo.
-  for options in ({"target": "gpu", "policy": F16},
-                  {"target": "cpu", "policy": BF16}):
-    other = pl.rewrite_module(text, options.pop("policy"), **options)
-    assert not other.partition_dependent
+  for policy, target in ((F16, "gpu"), (BF16, "cpu")):
+    assert not pl.rewrite_module(text, policy,
+                                 target=target).partition_dependent
