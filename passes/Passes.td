@@ -220,7 +220,8 @@ def AmpRematerializePass : Pass<"amp-rematerialize", "::mlir::ModuleOp"> {
     elementwise op, a reduction, a transpose; not a matrix multiply), and
     it reads only what is written anyway (a kept residual, a matrix
     multiply's result or a stored value no larger than it, a small value
-    no reduction makes, a constant; a row max is recomputed too). It reads
+    no row reduction makes, such as an FP8 scale's amax, a constant; a row
+    max is recomputed too). It reads
     its leaves through one `stablehlo.optimization_barrier`, so that XLA's
     CSE does not merge it back. `for=memory` recomputes every residual
     made from kept or small values, whatever reads it (docs/DESIGN.md,

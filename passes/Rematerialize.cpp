@@ -102,8 +102,13 @@ bool reducesWith(Operation *op, llvm::StringRef combiner) {
 /// pass's bit for bit in any order) and its sum of exponentials. XLA fuses
 /// both, with the exponentials, into the backward kernel that reads them,
 /// as it does in a hand-cast step; kept, the sum must be written by a
-/// forward kernel of its own, which splits the softmax's.
+/// forward kernel of its own, which splits the softmax's. A maximum over a
+/// whole tensor (an FP8 scale's amax) is no row max: recomputed, it would
+/// read the tensor again in a kernel of its own.
 bool isSoftmaxReduction(Operation *op) {
+  if (op->getNumResults() == 0 ||
+      shlo::numElements(op->getResult(0).getType()) == 1)
+    return false;
   if (reducesWith(op, "maximum"))
     return true;
   if (!reducesWith(op, "add") || op->getNumOperands() != 2)
@@ -152,13 +157,16 @@ ResidualPlan::ResidualPlan(ModuleOp module, RematerializeFor goal,
 }
 
 /// A root much smaller than what it helps recompute (a scale, a bias)
-/// costs nothing to keep. A reduction's result is not such a root: XLA
+/// costs nothing to keep. A row reduction's result is not such a root: XLA
 /// fuses a normalization (a reduction and the elementwise ops that read
 /// it, as in a layer norm or a softmax) into one kernel that writes only
-/// its last value, and a barrier that reads the statistic splits it.
+/// its last value, and a barrier that reads the statistic splits it. A
+/// reduction to a scalar (an FP8 scale's amax) is: no kernel both reduces
+/// a whole tensor and reads the result elementwise, so it is written anyway.
 bool ResidualPlan::isSmall(Value value, int64_t than) const {
   if (Operation *producer = value.getDefiningOp();
-      priced && producer && shlo::is(producer, "reduce"))
+      priced && producer && shlo::is(producer, "reduce") &&
+      shlo::numElements(value.getType()) != 1)
     return false;
   std::optional<int64_t> elements = shlo::numElements(value.getType());
   return elements && (*elements < minElements || *elements * 64 <= than);

@@ -193,6 +193,36 @@ func.func public @statistic_leaf(%x: tensor<64x128xf32>, %w: tensor<128x64xf32>,
 
 // -----
 
+// An FP8 GEMM's scaled result: t = tanh(u * amax(|x|) / 448). The amax is a
+// maximum over the whole of x, no softmax's row max: it is written by a
+// kernel of its own anyway, so t is recomputed from u and the amax alone,
+// and the amax is not recomputed (one reduction).
+
+// CHECK-LABEL: func.func public @fp8_scale_leaf(
+// CHECK: %[[M:.*]] = stablehlo.reduce
+// CHECK: %[[U:.*]] = stablehlo.dot_general
+// CHECK: %[[HELD:.*]]:2 = stablehlo.optimization_barrier %[[M]], %[[U]] : tensor<f32>, tensor<64x128xf32>
+// CHECK-NOT: stablehlo.reduce
+// CHECK: %[[S2:.*]] = stablehlo.divide %[[HELD]]#0
+// CHECK: %[[T2:.*]] = stablehlo.tanh
+// CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[T2]]
+func.func public @fp8_scale_leaf(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x128xf32>, tensor<64x128xf32>) {
+  %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %fmax = stablehlo.constant dense<448.0> : tensor<f32>
+  %ax = stablehlo.abs %x : tensor<64x64xf32>
+  %m = stablehlo.reduce(%ax init: %ninf) applies stablehlo.maximum across dimensions = [0, 1] : (tensor<64x64xf32>, tensor<f32>) -> tensor<f32>
+  %s = stablehlo.divide %m, %fmax : tensor<f32>
+  %u = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
+  %v = stablehlo.multiply %u, %sb : tensor<64x128xf32>
+  %t = stablehlo.tanh %v : tensor<64x128xf32>
+  %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
+  %g = stablehlo.multiply %dy, %t : tensor<64x128xf32>
+  return %t, %g : tensor<64x128xf32>, tensor<64x128xf32>
+}
+
+// -----
+
 // A softmax's stabilised exponential e = exp(d - max(d)): a row max is
 // recomputed with it (a maximum equals the forward pass's bit for bit in any
 // order), so e is recomputed from d alone (and its constants), and the

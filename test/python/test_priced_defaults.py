@@ -252,6 +252,40 @@ def test_rematerialization_is_priced_and_memory_asks_for_the_old_trade():
   assert len(off) < len(speed) <= len(memory)
 
 
+def _gelu_mlp_loss(params, batch):
+  return (jax.nn.gelu(batch @ params["w1"]) @ params["w2"]).mean()
+
+
+def test_an_fp8_gemms_activation_is_recomputed_from_its_result_and_scales():
+  keys = jax.random.split(jax.random.key(0), 3)
+  params = {"w1": jax.random.normal(keys[0], (128, 256)) / 10,
+            "w2": jax.random.normal(keys[1], (256, 128)) / 16}
+  batch = jax.random.normal(keys[2], (64, 128))
+  def build(**options):
+    return amp.train_step(_gelu_mlp_loss, optax.sgd(0.1), BF16 + ",gemm=f8",
+                          target="gpu", fp8_min_size=0, **options)
+  step, kept = build(), build(rematerialize=False)
+  text = step.lower(step.init(params), batch).as_text()
+  kept_text = kept.lower(kept.init(params), batch).as_text()
+  # The GELU's tanh, read by the backward pass, is recomputed there, not
+  # written by the forward pass's amax kernel and read back.
+  assert text.count("stablehlo.tanh") == 2
+  assert kept_text.count("stablehlo.tanh") == 1
+  # From the GEMM's result and the scales' amaxes (scalars), which are
+  # taken once: no maximum over a whole tensor is recomputed.
+  leaves = _barrier_leaves(step, params, batch)
+  assert any("tensor<f32>" in held and "tensor<64x256xbf16>" in held
+             for held in leaves), leaves
+  maxima = "applies stablehlo.maximum across dimensions = [0, 1]"
+  assert text.count(maxima) == kept_text.count(maxima) > 0
+  # The same step: the recomputation repeats the forward pass's ops.
+  new, _ = step(step.init(params), batch)
+  old, _ = kept(kept.init(params), batch)
+  for name in params:
+    np.testing.assert_allclose(new.params[name], old.params[name],
+                               rtol=0, atol=1e-6)
+
+
 def test_an_unknown_rematerialize_for_names_the_accepted_ones():
   with pytest.raises(ValueError, match=r"accepted: speed, memory"):
     amp.train_step(lambda p, b: (b @ p).sum(), optax.sgd(0.1), BF16,
