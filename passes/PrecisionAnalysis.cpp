@@ -111,7 +111,8 @@ void PrecisionAnalysis::keepGradientProductsLow() {
 /// not centred, and p dp - p sum(p dp) cancels where dp is nearly constant
 /// along a row.
 void PrecisionAnalysis::keepPartitionedNormTermsLow(bool partitioned) {
-  if (opts.policy.compute != Dtype::BF16)
+  // Without a backward pass no product matches: skip classifying values.
+  if (opts.policy.compute != Dtype::BF16 || backward.empty())
     return;
   llvm::DenseSet<Value> centred = classifyValues().centred;
   // A backward value broadcast from fewer elements: a per-row statistic.
