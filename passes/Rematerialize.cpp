@@ -98,6 +98,16 @@ bool reducesWith(Operation *op, llvm::StringRef combiner) {
          shlo::isRegionReturn(&*std::next(body.begin()));
 }
 
+/// A reduction of a whole tensor to a rank-0 result, such as an FP8 scale's
+/// amax. (A one-row tensor's row statistic has rank 1: it stays a row
+/// reduction, which XLA fuses with its readers.)
+bool reducesToScalar(Operation *op) {
+  if (!shlo::is(op, "reduce") || op->getNumResults() == 0)
+    return false;
+  auto type = dyn_cast<RankedTensorType>(op->getResult(0).getType());
+  return type && type.getRank() == 0;
+}
+
 /// A softmax's reductions: its row max (recomputed, it equals the forward
 /// pass's bit for bit in any order) and its sum of exponentials. XLA fuses
 /// both, with the exponentials, into the backward kernel that reads them,
@@ -106,8 +116,7 @@ bool reducesWith(Operation *op, llvm::StringRef combiner) {
 /// whole tensor (an FP8 scale's amax) is no row max: recomputed, it would
 /// read the tensor again in a kernel of its own.
 bool isSoftmaxReduction(Operation *op) {
-  if (op->getNumResults() == 0 ||
-      shlo::numElements(op->getResult(0).getType()) == 1)
+  if (reducesToScalar(op))
     return false;
   if (reducesWith(op, "maximum"))
     return true;
@@ -166,7 +175,7 @@ ResidualPlan::ResidualPlan(ModuleOp module, RematerializeFor goal,
 bool ResidualPlan::isSmall(Value value, int64_t than) const {
   if (Operation *producer = value.getDefiningOp();
       priced && producer && shlo::is(producer, "reduce") &&
-      shlo::numElements(value.getType()) != 1)
+      !reducesToScalar(producer))
     return false;
   std::optional<int64_t> elements = shlo::numElements(value.getType());
   return elements && (*elements < minElements || *elements * 64 <= than);

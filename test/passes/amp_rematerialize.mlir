@@ -193,6 +193,25 @@ func.func public @statistic_leaf(%x: tensor<64x128xf32>, %w: tensor<128x64xf32>,
 
 // -----
 
+// One row's statistic (tensor<1xf32>) is still a row reduction, not a whole
+// tensor's: XLA fuses it with its readers, so the residual is kept.
+
+// CHECK-LABEL: func.func public @one_row_statistic_leaf(
+// CHECK-NOT: stablehlo.optimization_barrier
+// CHECK: return
+func.func public @one_row_statistic_leaf(%x: tensor<1x4096xf32>, %w: tensor<4096x64xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<1x64xf32>, tensor<1x4096xf32>) {
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %s = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<1x4096xf32>, tensor<f32>) -> tensor<1xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<1xf32>) -> tensor<1x4096xf32>
+  %c = stablehlo.subtract %x, %sb : tensor<1x4096xf32>
+  %y = stablehlo.dot_general %c, %w, contracting_dims = [1] x [0] : (tensor<1x4096xf32>, tensor<4096x64xf32>) -> tensor<1x64xf32>
+  %dyf = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<1x4096xf32>
+  %dc = stablehlo.multiply %dyf, %c : tensor<1x4096xf32>
+  return %y, %dc : tensor<1x64xf32>, tensor<1x4096xf32>
+}
+
+// -----
+
 // An FP8 GEMM's scaled result: t = tanh(u * amax(|x|) / 448). The amax is a
 // maximum over the whole of x, no softmax's row max: it is written by a
 // kernel of its own anyway, so t is recomputed from u and the amax alone,
