@@ -240,9 +240,11 @@ KNOWN_LOSSES = {
     ("cpu", "ours-f16"): _CPU_F16,
     ("cpu", "ours-f16-numerics-provenance"): _CPU_F16,
 }
-# The issue's goals for the LM at GPU size (deviceless H100, default flags).
-TARGETS = {"ours-bf16": 0.60, "ours-bf16-gemm-f8": 0.55,
+# The issues' memory goals for the LM at GPU size (deviceless H100, default
+# flags), on one device and sharded over 8.
+TARGETS = {"ours-bf16": 0.55, "ours-bf16-gemm-f8": 0.55,
            "ours-bf16-params-bf16-stochastic-moments-bf16": 0.50}
+SHARDED_TARGETS = {"ours-bf16": 0.45}
 
 
 def ptx_mma(directory: pathlib.Path) -> dict[str, int]:
@@ -567,7 +569,8 @@ def main(argv=None) -> int:
               f"{common.describe(c['by_kind'])} |")
     if name == "lm" and size == "gpu" and base:
       by = {r["variant"]: r for r in rows}
-      for variant, goal in TARGETS.items():
+      for variant, goal in (TARGETS if devices == 1 else
+                            SHARDED_TARGETS).items():
         if variant in by:
           value = by[variant]["total_vs_f32"]
           print(f"target {variant} memory <= {goal:.2f}x f32: "

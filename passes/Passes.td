@@ -223,7 +223,11 @@ def AmpRematerializePass : Pass<"amp-rematerialize", "::mlir::ModuleOp"> {
     no row reduction makes, such as an FP8 scale's amax, a constant; a row
     max is recomputed too). It reads
     its leaves through one `stablehlo.optimization_barrier`, so that XLA's
-    CSE does not merge it back. `for=memory` recomputes every residual
+    CSE does not merge it back. A softmax written out, `q = e / sum(e)`,
+    that the loss reads through `q` alone and whose `q` a backward matrix
+    multiply keeps anyway: the backward pass reads `q / sum(q)` for `e` and
+    1 for the sum (softmax is shift-invariant: the same derivative), and
+    keeps neither the logits nor the sum. `for=memory` recomputes every residual
     made from kept or small values, whatever reads it (docs/DESIGN.md,
     "Decisions with a price").
 

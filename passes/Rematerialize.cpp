@@ -47,6 +47,30 @@ struct Recomputation {
   llvm::SetVector<Value> leaves;    ///< what it reads; through the barrier
 };
 
+/// A softmax written out, as jax.nn.softmax is: exponentials `e`, their sum
+/// `s` over rows, and the quotient `q = e / broadcast(s)`, the only way the
+/// forward pass reads `e` and `s`. The backward pass reads `e` and `s` (and
+/// what the forward pass makes of them for it alone, such as `1 / s^2`).
+/// Softmax is shift-invariant: the quotient of the logits `z - log s` is
+/// the same `q`, with exponentials `q` and sum 1, and so is its derivative.
+/// The backward pass reads `q`'s stored copy, which a backward matrix
+/// multiply reads anyway, in place of `e`, and 1 in place of `s`: it needs
+/// neither the logits nor the sum.
+struct SoftmaxFrame {
+  Value exponentials, sum;
+  /// The dimensions `s` sums over: a row.
+  llvm::SmallVector<int64_t> rowDims;
+  /// `q`, or its copy in the compute dtype, that a backward matrix
+  /// multiply reads.
+  Value stored;
+  /// The first op of the backward pass that reads a residual.
+  Operation *firstReader = nullptr;
+  /// The values of `e`'s frame the backward pass reads, in block order.
+  llvm::SmallVector<Value> residuals;
+  /// The ops that make them from `e`, `s` and constants, in block order.
+  llvm::SmallVector<Operation *> ops;
+};
+
 /// The ops that compute a value in one fused loop, and what they read:
 /// through elementwise ops (and broadcasts, reshapes, constants) in the
 /// value's block, down to values other ops make or that come from outside
@@ -63,6 +87,7 @@ public:
   ResidualPlan(ModuleOp module, RematerializeFor goal, int64_t minElements,
                int64_t maxOps);
   llvm::ArrayRef<Recomputation> recomputations() const { return planned; }
+  llvm::ArrayRef<SoftmaxFrame> softmaxFrames() const { return frames; }
 
 private:
   const llvm::DenseSet<Value> backward;
@@ -71,8 +96,10 @@ private:
   const bool priced;
   int64_t minElements, maxOps;
   std::vector<Recomputation> planned;
+  std::vector<SoftmaxFrame> frames;
 
   void planBlock(Block &block);
+  std::optional<SoftmaxFrame> softmaxFrameOf(Operation *exponential) const;
   /// The residuals of `block`, each with its first backward reader, in
   /// program order.
   llvm::SmallVector<std::pair<Value, Operation *>>
@@ -126,6 +153,85 @@ bool isSoftmaxReduction(Operation *op) {
   while (input && shlo::isConvert(input))
     input = input->getOperand(0).getDefiningOp();
   return input && shlo::is(input, "exponential");
+}
+
+/// A splat constant of 0 (a sum's initial value).
+bool isZeroConstant(Value value) {
+  Operation *def = value.getDefiningOp();
+  auto dense = def && shlo::isConstant(def)
+                   ? def->getAttrOfType<DenseFPElementsAttr>("value")
+                   : nullptr;
+  return dense && dense.isSplat() && dense.getSplatValue<APFloat>().isZero();
+}
+
+/// Whether `divisor` is `sum`, a reduction of a tensor shaped like
+/// `divisor` over `reduced`, broadcast back over exactly those dimensions
+/// (through the broadcasts and unit-dimension reshapes of keepdims): each
+/// element is divided by the sum of its own row.
+bool broadcastsRowsBack(Value divisor, Value sum,
+                        llvm::ArrayRef<int64_t> reduced) {
+  auto full = dyn_cast<RankedTensorType>(divisor.getType());
+  if (!full || !full.hasStaticShape())
+    return false;
+  // source[j]: the dimension of `current` that dimension j of `divisor`
+  // comes from, or -1 where a broadcast made it.
+  llvm::SmallVector<int64_t> source = llvm::to_vector(
+      llvm::seq<int64_t>(0, full.getRank()));
+  Value current = divisor;
+  while (current != sum) {
+    Operation *def = current.getDefiningOp();
+    if (!def || def->getNumOperands() != 1)
+      return false;
+    auto from = dyn_cast<RankedTensorType>(def->getOperand(0).getType());
+    auto to = cast<RankedTensorType>(current.getType());
+    if (!from || !from.hasStaticShape())
+      return false;
+    // origin[d]: the operand dimension that result dimension d comes from.
+    llvm::SmallVector<int64_t> origin(to.getRank(), -1);
+    if (shlo::is(def, "broadcast_in_dim")) {
+      auto dims = def->getAttrOfType<DenseI64ArrayAttr>("broadcast_dimensions");
+      if (!dims)
+        return false;
+      for (auto [i, d] : llvm::enumerate(dims.asArrayRef()))
+        if (from.getDimSize(i) == to.getDimSize(d))
+          origin[d] = i;
+    } else if (shlo::is(def, "reshape")) {
+      // Only reshapes that add or drop unit dimensions.
+      auto nonUnit = [](RankedTensorType type) {
+        llvm::SmallVector<int64_t> dims;
+        for (int64_t d = 0; d < type.getRank(); ++d)
+          if (type.getDimSize(d) != 1)
+            dims.push_back(d);
+        return dims;
+      };
+      llvm::SmallVector<int64_t> a = nonUnit(from), b = nonUnit(to);
+      if (a.size() != b.size())
+        return false;
+      for (auto [i, d] : llvm::zip(a, b)) {
+        if (from.getDimSize(i) != to.getDimSize(d))
+          return false;
+        origin[d] = i;
+      }
+    } else {
+      return false;
+    }
+    for (int64_t &j : source)
+      if (j >= 0)
+        j = origin[j];
+    current = def->getOperand(0);
+  }
+  // The sum's dimensions are the others, in order. (A unit dimension is
+  // one element either way.)
+  int64_t position = 0;
+  for (int64_t j = 0; j < full.getRank(); ++j) {
+    bool isReduced = llvm::is_contained(reduced, j);
+    if (full.getDimSize(j) != 1 &&
+        (isReduced ? source[j] != -1 : source[j] != position))
+      return false;
+    if (!isReduced)
+      ++position;
+  }
+  return true;
 }
 
 std::optional<int64_t> byteSize(Type type) {
@@ -289,13 +395,144 @@ bool ResidualPlan::writtenAnyway(Value root, Value residual) const {
   return rootBytes && residualBytes && *rootBytes <= *residualBytes;
 }
 
+/// The constant ops `value` is made of, through broadcasts, reshapes and
+/// converts; false if it is not a constant.
+bool collectConstant(Value value, llvm::SetVector<Operation *> &ops) {
+  Operation *def = value.getDefiningOp();
+  if (!def)
+    return false;
+  if (shlo::isConstant(def)) {
+    ops.insert(def);
+    return true;
+  }
+  if (!(shlo::is(def, "broadcast_in_dim") || shlo::is(def, "reshape") ||
+        shlo::isConvert(def)) ||
+      !collectConstant(def->getOperand(0), ops))
+    return false;
+  ops.insert(def);
+  return true;
+}
+
+std::optional<SoftmaxFrame>
+ResidualPlan::softmaxFrameOf(Operation *exponential) const {
+  Block *block = exponential->getBlock();
+  std::optional<int64_t> elements = elementsOf(exponential->getResult(0));
+  if (!elements || *elements < minElements)
+    return std::nullopt;
+  // The sum over rows, and the quotient by it.
+  Value exponentials = exponential->getResult(0);
+  Operation *sum = nullptr, *quotient = nullptr;
+  for (Operation *user : exponentials.getUsers())
+    if (user->getBlock() == block && reducesWith(user, "add") &&
+        user->getNumOperands() == 2 && user->getOperand(0) == exponentials &&
+        isZeroConstant(user->getOperand(1)))
+      sum = user;
+  auto reduced =
+      sum ? sum->getAttrOfType<DenseI64ArrayAttr>("dimensions") : nullptr;
+  if (!reduced)
+    return std::nullopt;
+  for (Operation *user : exponentials.getUsers())
+    if (user->getBlock() == block && shlo::is(user, "divide") &&
+        user->getOperand(0) == exponentials &&
+        broadcastsRowsBack(user->getOperand(1), sum->getResult(0),
+                           reduced.asArrayRef()))
+      quotient = user;
+  if (!quotient)
+    return std::nullopt;
+
+  // What the forward pass makes of `e` and `s`, besides the sum and the
+  // quotient: elementwise ops the backward pass alone reads (through more
+  // of them), or the loss would depend on `e` other than through `q`.
+  SoftmaxFrame frame;
+  frame.exponentials = exponentials;
+  frame.sum = sum->getResult(0);
+  frame.rowDims.assign(reduced.asArrayRef().begin(), reduced.asArrayRef().end());
+  llvm::SetVector<Value> derived;
+  derived.insert(frame.exponentials);
+  derived.insert(frame.sum);
+  llvm::SetVector<Operation *> helpers;
+  llvm::SetVector<Value> residuals;
+  for (size_t i = 0; i < derived.size(); ++i) {
+    for (OpOperand &use : derived[i].getUses()) {
+      Operation *user = use.getOwner();
+      Operation *reader = block->findAncestorOpInBlock(*user);
+      if (reader && readsBackward(reader, backward)) {
+        residuals.insert(derived[i]);
+        if (!frame.firstReader || reader->isBeforeInBlock(frame.firstReader))
+          frame.firstReader = reader;
+        continue;
+      }
+      if (user == sum || user == quotient)
+        continue;
+      if (reader != user || !shlo::isElementwiseOrBroadcast(user) ||
+          user->getNumRegions() != 0)
+        return std::nullopt;
+      helpers.insert(user);
+      derived.insert(user->result_begin(), user->result_end());
+    }
+  }
+  if (residuals.empty())
+    return std::nullopt;
+
+  // The copy of `q` a backward matrix multiply reads, 16 bits or more.
+  Value q = quotient->getResult(0);
+  llvm::SmallVector<Value> quotients = {q};
+  for (Operation *user : q.getUsers())
+    if (shlo::isConvert(user) && user->getBlock() == block)
+      quotients.push_back(user->getResult(0));
+  for (Value copy : quotients) {
+    FloatType type = shlo::getFloatElementType(copy.getType());
+    if (frame.stored || !type || type.getWidth() < 16 ||
+        !copy.getDefiningOp()->isBeforeInBlock(frame.firstReader))
+      continue;
+    for (Operation *user : copy.getUsers())
+      if (user->getBlock() == block && readsBackward(user, backward) &&
+          (shlo::isDotGeneral(user) || shlo::isConvolution(user)))
+        frame.stored = copy;
+  }
+  if (!frame.stored)
+    return std::nullopt;
+
+  // The ops that make the residuals: helpers, back to `e`, `s` and
+  // constants (cloned too: they may come after the first reader).
+  llvm::SetVector<Operation *> ops;
+  llvm::SmallVector<Value> worklist(residuals.begin(), residuals.end());
+  while (!worklist.empty()) {
+    Operation *def = worklist.pop_back_val().getDefiningOp();
+    if (!helpers.contains(def) || !ops.insert(def))
+      continue;
+    for (Value operand : def->getOperands())
+      if (derived.contains(operand))
+        worklist.push_back(operand);
+      else if (!collectConstant(operand, ops))
+        return std::nullopt;
+  }
+  frame.ops.assign(ops.begin(), ops.end());
+  llvm::sort(frame.ops,
+             [](Operation *a, Operation *b) { return a->isBeforeInBlock(b); });
+  frame.residuals.assign(residuals.begin(), residuals.end());
+  return frame;
+}
+
 void ResidualPlan::planBlock(Block &block) {
   // In program order, so that what a residual is made of has been decided.
   // `kept` holds what the backward pass keeps for the residuals it reads
   // as they are: a residual another kind of op makes, or the roots of one
   // elementwise ops make (XLA keeps those, or the residual itself).
   llvm::DenseSet<Value> kept;
+  // A softmax frame's residuals are read from its stored quotient, which
+  // is kept for them (for=memory would recompute it otherwise).
+  llvm::DenseSet<Value> framed;
+  for (Operation &op : block)
+    if (shlo::is(&op, "exponential"))
+      if (std::optional<SoftmaxFrame> frame = softmaxFrameOf(&op)) {
+        framed.insert(frame->residuals.begin(), frame->residuals.end());
+        kept.insert(frame->stored);
+        frames.push_back(std::move(*frame));
+      }
   for (auto [residual, firstReader] : residualsOf(block)) {
+    if (framed.contains(residual) || kept.contains(residual))
+      continue;
     Operation *producer = residual.getDefiningOp();
     if (!shlo::isElementwiseOrBroadcast(producer) &&
         !(priced && isSoftmaxReduction(producer))) {
@@ -345,6 +582,8 @@ public:
       return signalPassFailure();
     ResidualPlan plan(module, parsedGoal, minElements, maxOps);
     llvm::DenseSet<Value> backward = backwardValues(module);
+    for (const SoftmaxFrame &frame : plan.softmaxFrames())
+      readQuotient(frame, backward);
     for (auto &group : groups(plan.recomputations()))
       recompute(group, backward);
   }
@@ -368,7 +607,57 @@ private:
   static std::vector<Group> groups(llvm::ArrayRef<Recomputation> all);
   void recompute(llvm::ArrayRef<const Recomputation *> group,
                  const llvm::DenseSet<Value> &backward);
+  void readQuotient(const SoftmaxFrame &frame,
+                    const llvm::DenseSet<Value> &backward);
 };
+
+/// Makes `frame`'s residuals from the stored quotient (for the
+/// exponentials) and 1 (for the sum), before their first backward reader.
+void RematerializePass::readQuotient(const SoftmaxFrame &frame,
+                                     const llvm::DenseSet<Value> &backward) {
+  Operation *reader = frame.firstReader;
+  Location loc = reader->getLoc();
+  OpBuilder builder(reader);
+  Value held =
+      shlo::buildOptimizationBarrier(builder, loc, frame.stored)->getResult(0);
+  // Divided by its rows' sums (in f32 at least), the stored quotient's rows
+  // sum to 1, as the frame's sum says. XLA fuses this, and the backward
+  // pass that reads it, into one normalization kernel.
+  auto exponentialsType = cast<RankedTensorType>(frame.exponentials.getType());
+  FloatType elementType = shlo::getFloatElementType(exponentialsType);
+  FloatType accumulate =
+      elementType.getWidth() < 32 ? builder.getF32Type() : elementType;
+  if (shlo::getFloatElementType(held.getType()) != accumulate)
+    held = shlo::buildConvert(builder, loc, held, accumulate);
+  llvm::SmallVector<int64_t> otherDims;
+  for (int64_t d = 0; d < exponentialsType.getRank(); ++d)
+    if (!llvm::is_contained(frame.rowDims, d))
+      otherDims.push_back(d);
+  Value rowSums = shlo::buildReduce(builder, loc, held, frame.rowDims, "add", 0);
+  Value exponentials = shlo::buildElementwise(
+      builder, loc, "divide",
+      {held, shlo::buildBroadcastInDim(
+                 builder, loc, rowSums,
+                 cast<RankedTensorType>(held.getType()), otherDims)});
+  if (accumulate != elementType)
+    exponentials = shlo::buildConvert(builder, loc, exponentials, elementType);
+  auto sumType = cast<RankedTensorType>(frame.sum.getType());
+  IRMapping mapping;
+  mapping.map(frame.exponentials, exponentials);
+  mapping.map(frame.sum,
+              shlo::buildBroadcastScalar(
+                  builder, loc,
+                  shlo::buildScalar(builder, loc, sumType.getElementType(), 1),
+                  sumType));
+  for (Operation *op : frame.ops)
+    builder.clone(*op, mapping);
+  Block *block = reader->getBlock();
+  for (Value residual : frame.residuals)
+    residual.replaceUsesWithIf(mapping.lookup(residual), [&](OpOperand &use) {
+      Operation *owner = block->findAncestorOpInBlock(*use.getOwner());
+      return owner && readsBackward(owner, backward);
+    });
+}
 
 std::vector<RematerializePass::Group>
 RematerializePass::groups(llvm::ArrayRef<Recomputation> all) {

@@ -59,39 +59,137 @@ func.func public @gelu(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %v: tensor
 
 // -----
 
-// Softmax: the backward pass reads the exponential e and the normalised
-// probabilities p, p with a matrix multiply (attention's p^T dy). The row
-// sums are a reduction's result: XLA fuses the softmax into one kernel
-// that writes p alone, and a barrier on the sums would split it. p is kept
-// (a matrix multiply reads it from memory); e is recomputed from d
-// (written by its matrix multiply anyway).
+// Softmax written out, as jax.nn.softmax is: p = e / sum(e), with the
+// backward pass of p (jax.vjp's), which reads e, the row sums s and
+// 1 / s^2 (made in the forward pass for it alone). p is kept (a matrix
+// multiply reads it from memory, as attention's p^T dy does). Softmax is
+// shift-invariant: the backward pass reads p / sum(p) for e and 1 for s,
+// the same derivative, and neither the logits d nor the sums are kept.
 
 // CHECK-LABEL: func.func public @softmax(
 // CHECK: %[[D:.*]] = stablehlo.dot_general
 // CHECK: %[[E:.*]] = stablehlo.exponential %[[D]]
 // CHECK: %[[P:.*]] = stablehlo.divide %[[E]], %{{.*}}
 // CHECK: stablehlo.dot_general %[[P]], %{{.*}}
-// CHECK-NEXT: %[[HELD:.*]] = stablehlo.optimization_barrier %[[D]] : tensor<64x128xf32>
-// CHECK-NEXT: %[[E2:.*]] = stablehlo.exponential %[[HELD]]
-// CHECK-NEXT: stablehlo.multiply %{{.*}}, %[[E2]]
+// CHECK-NEXT: %[[HELD:.*]] = stablehlo.optimization_barrier %[[P]] : tensor<64x128xf32>
+// CHECK-NEXT: %[[ZERO:.*]] = stablehlo.constant dense<0.000000e+00>
+// CHECK-NEXT: %[[PS:.*]] = stablehlo.reduce(%[[HELD]] init: %[[ZERO]]) applies stablehlo.add across dimensions = [1]
+// CHECK-NEXT: %[[PSB:.*]] = stablehlo.broadcast_in_dim %[[PS]], dims = [0]
+// CHECK-NEXT: %[[E2:.*]] = stablehlo.divide %[[HELD]], %[[PSB]]
+// CHECK-NEXT: %[[ONE:.*]] = stablehlo.constant dense<1.000000e+00>
+// CHECK-NEXT: %[[S2:.*]] = stablehlo.broadcast_in_dim %[[ONE]], dims = [] : (tensor<f32>) -> tensor<64xf32>
+// CHECK-NOT: stablehlo.exponential
+// CHECK: %[[SB2:.*]] = stablehlo.broadcast_in_dim %[[S2]], dims = [0]
+// CHECK: stablehlo.multiply %[[S2]], %[[S2]]
+// CHECK: stablehlo.divide %{{.*}}, %[[SB2]]
+// CHECK: stablehlo.multiply %{{.*}}, %[[E2]]
+// CHECK: stablehlo.multiply %{{.*}}, %[[E2]]
+// CHECK-NOT: %[[D]]
+// CHECK: return
 
-// for=memory: p is recomputed from d and the row sums, though XLA then
-// writes the sums apart from the fused softmax.
+// for=memory: the same; p is kept for the backward pass to read.
 // MEMORY-LABEL: func.func public @softmax(
-// MEMORY: %[[D:.*]] = stablehlo.dot_general
-// MEMORY: %[[S:.*]] = stablehlo.reduce
-// MEMORY: stablehlo.optimization_barrier %[[D]], %[[S]] : tensor<64x128xf32>, tensor<64xf32>
-func.func public @softmax(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x128xf32>, tensor<64x128xf32>, tensor<128x128xf32>) {
+// MEMORY: %[[E:.*]] = stablehlo.exponential
+// MEMORY: %[[P:.*]] = stablehlo.divide %[[E]], %{{.*}}
+// MEMORY: stablehlo.optimization_barrier %[[P]] : tensor<64x128xf32>
+// MEMORY-NOT: stablehlo.optimization_barrier
+// MEMORY: return
+func.func public @softmax(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x128xf32>, tensor<128x128xf32>, tensor<64x128xf32>) {
   %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
   %e = stablehlo.exponential %d : tensor<64x128xf32>
   %zero = stablehlo.constant dense<0.0> : tensor<f32>
   %s = stablehlo.reduce(%e init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>
   %sb = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
   %p = stablehlo.divide %e, %sb : tensor<64x128xf32>
+  %s2 = stablehlo.multiply %s, %s : tensor<64xf32>
+  %one = stablehlo.constant dense<1.0> : tensor<64xf32>
+  %inv = stablehlo.divide %one, %s2 : tensor<64xf32>
   %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
   %a = stablehlo.dot_general %p, %dy, contracting_dims = [0] x [0] : (tensor<64x128xf32>, tensor<64x128xf32>) -> tensor<128x128xf32>
-  %b = stablehlo.multiply %dy, %e : tensor<64x128xf32>
-  return %p, %b, %a : tensor<64x128xf32>, tensor<64x128xf32>, tensor<128x128xf32>
+  %de1 = stablehlo.divide %dy, %sb : tensor<64x128xf32>
+  %ib = stablehlo.broadcast_in_dim %inv, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
+  %t = stablehlo.multiply %dy, %ib : tensor<64x128xf32>
+  %te = stablehlo.multiply %t, %e : tensor<64x128xf32>
+  %r = stablehlo.reduce(%te init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>
+  %nr = stablehlo.negate %r : tensor<64xf32>
+  %nrb = stablehlo.broadcast_in_dim %nr, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
+  %de = stablehlo.add %de1, %nrb : tensor<64x128xf32>
+  %dd = stablehlo.multiply %de, %e : tensor<64x128xf32>
+  return %p, %a, %dd : tensor<64x128xf32>, tensor<128x128xf32>, tensor<64x128xf32>
+}
+
+// -----
+
+// A bf16 softmax: the probabilities' rows are summed, and divided, in f32.
+
+// CHECK-LABEL: func.func public @softmax_bf16(
+// CHECK: %[[P:.*]] = stablehlo.divide %{{.*}}, %{{.*}} : tensor<64x128xbf16>
+// CHECK: %[[HELD:.*]] = stablehlo.optimization_barrier %[[P]] : tensor<64x128xbf16>
+// CHECK-NEXT: %[[WIDE:.*]] = stablehlo.convert %[[HELD]] : (tensor<64x128xbf16>) -> tensor<64x128xf32>
+// CHECK: %[[PS:.*]] = stablehlo.reduce(%[[WIDE]] init: %{{.*}}) applies stablehlo.add across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>
+// CHECK: %[[Q:.*]] = stablehlo.divide %[[WIDE]], %{{.*}} : tensor<64x128xf32>
+// CHECK-NEXT: %[[E2:.*]] = stablehlo.convert %[[Q]] : (tensor<64x128xf32>) -> tensor<64x128xbf16>
+// CHECK-NOT: stablehlo.exponential
+// CHECK: stablehlo.multiply %{{.*}}, %[[E2]] : tensor<64x128xbf16>
+func.func public @softmax_bf16(%d: tensor<64x128xbf16>, %seed: tensor<bf16> {amp.loss_seed}) -> (tensor<128x128xbf16>, tensor<64x128xbf16>) {
+  %e = stablehlo.exponential %d : tensor<64x128xbf16>
+  %zero = stablehlo.constant dense<0.0> : tensor<bf16>
+  %s = stablehlo.reduce(%e init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x128xbf16>, tensor<bf16>) -> tensor<64xbf16>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<64xbf16>) -> tensor<64x128xbf16>
+  %p = stablehlo.divide %e, %sb : tensor<64x128xbf16>
+  %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<bf16>) -> tensor<64x128xbf16>
+  %a = stablehlo.dot_general %p, %dy, contracting_dims = [0] x [0] : (tensor<64x128xbf16>, tensor<64x128xbf16>) -> tensor<128x128xbf16>
+  %de = stablehlo.divide %dy, %sb : tensor<64x128xbf16>
+  %dd = stablehlo.multiply %de, %e : tensor<64x128xbf16>
+  return %a, %dd : tensor<128x128xbf16>, tensor<64x128xbf16>
+}
+// -----
+
+// Where the forward pass reads the sums other than through p (here
+// log(s), as a log-softmax or a z-loss does), the loss depends on them
+// directly, and the frame of p would change its derivative: e is
+// recomputed from d, as without a matrix multiply reading p.
+
+// CHECK-LABEL: func.func public @softmax_sum_in_loss(
+// CHECK: %[[D:.*]] = stablehlo.dot_general
+// CHECK: %[[HELD:.*]] = stablehlo.optimization_barrier %[[D]] : tensor<64x128xf32>
+// CHECK-NEXT: %[[E2:.*]] = stablehlo.exponential %[[HELD]]
+func.func public @softmax_sum_in_loss(%x: tensor<64x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<64x128xf32>, tensor<64xf32>, tensor<128x128xf32>, tensor<64x128xf32>) {
+  %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<64x64xf32>, tensor<64x128xf32>) -> tensor<64x128xf32>
+  %e = stablehlo.exponential %d : tensor<64x128xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %s = stablehlo.reduce(%e init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<64x128xf32>, tensor<f32>) -> tensor<64xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [0] : (tensor<64xf32>) -> tensor<64x128xf32>
+  %p = stablehlo.divide %e, %sb : tensor<64x128xf32>
+  %logs = stablehlo.log %s : tensor<64xf32>
+  %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<64x128xf32>
+  %a = stablehlo.dot_general %p, %dy, contracting_dims = [0] x [0] : (tensor<64x128xf32>, tensor<64x128xf32>) -> tensor<128x128xf32>
+  %de = stablehlo.divide %dy, %sb : tensor<64x128xf32>
+  %dd = stablehlo.multiply %de, %e : tensor<64x128xf32>
+  return %p, %logs, %a, %dd : tensor<64x128xf32>, tensor<64xf32>, tensor<128x128xf32>, tensor<64x128xf32>
+}
+
+// -----
+
+// Divided by the sums of other rows (broadcast along the wrong dimension),
+// e / s is no softmax and has no frame: e is recomputed from d.
+
+// CHECK-LABEL: func.func public @not_its_rows(
+// CHECK: %[[D:.*]] = stablehlo.dot_general
+// CHECK: %[[HELD:.*]] = stablehlo.optimization_barrier %[[D]] : tensor<128x128xf32>
+// CHECK-NEXT: %[[E2:.*]] = stablehlo.exponential %[[HELD]]
+func.func public @not_its_rows(%x: tensor<128x64xf32>, %w: tensor<64x128xf32>, %seed: tensor<f32> {amp.loss_seed}) -> (tensor<128x128xf32>, tensor<128x128xf32>, tensor<128x128xf32>) {
+  %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<128x64xf32>, tensor<64x128xf32>) -> tensor<128x128xf32>
+  %e = stablehlo.exponential %d : tensor<128x128xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %s = stablehlo.reduce(%e init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<128x128xf32>, tensor<f32>) -> tensor<128xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [1] : (tensor<128xf32>) -> tensor<128x128xf32>
+  %p = stablehlo.divide %e, %sb : tensor<128x128xf32>
+  %dy = stablehlo.broadcast_in_dim %seed, dims = [] : (tensor<f32>) -> tensor<128x128xf32>
+  %a = stablehlo.dot_general %p, %dy, contracting_dims = [0] x [0] : (tensor<128x128xf32>, tensor<128x128xf32>) -> tensor<128x128xf32>
+  %de = stablehlo.divide %dy, %sb : tensor<128x128xf32>
+  %dd = stablehlo.multiply %de, %e : tensor<128x128xf32>
+  return %p, %a, %dd : tensor<128x128xf32>, tensor<128x128xf32>, tensor<128x128xf32>
 }
 
 // -----

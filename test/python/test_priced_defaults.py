@@ -286,6 +286,50 @@ def test_an_fp8_gemms_activation_is_recomputed_from_its_result_and_scales():
                                rtol=0, atol=1e-6)
 
 
+def _attention_loss(params, x):
+  b, s, d = x.shape
+  q, k, v = (t.reshape(b, s, 4, d // 4)
+             for t in jnp.split(x @ params["qkv"], 3, axis=-1))
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / 4.0
+  causal = jnp.tril(jnp.ones((s, s), bool))
+  logits = jnp.where(causal, logits, jnp.finfo(logits.dtype).min)
+  y = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(logits, axis=-1), v)
+  return jnp.sum(jnp.tanh(y.reshape(b, s, d) @ params["out"]) ** 2)
+
+
+@pytest.mark.parametrize("policy", ["p=f32,c=f32,o=f32", BF16])
+def test_a_softmax_backward_reads_the_probabilities_it_keeps(policy):
+  keys = jax.random.split(jax.random.key(0), 3)
+  params = {"qkv": jax.random.normal(keys[0], (64, 192)) / 4,
+            "out": jax.random.normal(keys[1], (64, 64)) / 8}
+  x = jax.random.normal(keys[2], (4, 128, 64))
+  def build(**options):
+    return amp.train_step(_attention_loss, optax.sgd(1.0), policy,
+                          target="gpu", **options)
+  step, kept = build(), build(rematerialize=False)
+  text = step.lower(step.init(params), x).as_text()
+  kept_text = kept.lower(kept.init(params), x).as_text()
+  # No exponential is recomputed from the logits and none is kept: the
+  # backward pass reads the probabilities the P V matrix multiply keeps
+  # anyway, through a barrier, and sums their rows once more.
+  assert text.count("stablehlo.exponential") == 1
+  dtype = "f32" if "c=f32" in policy else "bf16"
+  assert f"tensor<4x4x128x128x{dtype}>" in _barrier_leaves(step, params, x)
+  row_sums = "applies stablehlo.add across dimensions = [3]"
+  assert text.count(row_sums) == kept_text.count(row_sums) + 1
+  # Softmax is shift-invariant: the same derivative (to f32 rounding where
+  # everything is f32), and no further from f32's where it is bf16.
+  exact = jax.grad(_attention_loss)(params, x)
+  def error(candidate):
+    updated, _ = candidate(candidate.init(params), x)
+    return max(float(jnp.linalg.norm(params[k] - updated.params[k] - exact[k])
+                     / jnp.linalg.norm(exact[k])) for k in params)
+  if dtype == "f32":
+    assert error(step) < 1e-5
+  else:
+    assert error(step) <= 1.05 * error(kept)
+
+
 def test_an_unknown_rematerialize_for_names_the_accepted_ones():
   with pytest.raises(ValueError, match=r"accepted: speed, memory"):
     amp.train_step(lambda p, b: (b @ p).sum(), optax.sgd(0.1), BF16,
