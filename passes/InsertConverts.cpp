@@ -52,6 +52,9 @@ private:
     /// Strict: the user computes in f32 on a value rounded to the compute
     /// dtype's precision (`wanted` is the f32 type).
     bool rounded = false;
+    /// A gate reads the compute-dtype copy other readers take, widened
+    /// (`wanted` is that copy's type).
+    bool throughCopy = false;
   };
 
   ModuleOp module;
@@ -94,6 +97,9 @@ private:
   void insertConverts();
   void readStoredAcrossPasses();
   Value convertOnce(Value value, Type wanted);
+  Value readCopy(Value value, Type lowType);
+  /// One widened, held copy per value a gate reads.
+  llvm::DenseMap<Value, Value> widenedCopies;
   void eraseDeadConstants();
   void updateSignatures();
   void canonicalizeCpuDots();
@@ -199,7 +205,12 @@ void ConvertRewriter::plan() {
   for (Operation *op : analysis.ops()) {
     for (OpOperand &operand : op->getOpOperands()) {
       Type wanted = analysis.wantedType(operand);
-      if (wantsRounded(operand, wanted))
+      if (analysis.readsComputeCopy(operand))
+        pending.push_back({&operand,
+                           shlo::withElementType(operand.get().getType(),
+                                                 analysis.computeType()),
+                           /*rounded=*/false, /*throughCopy=*/true});
+      else if (wantsRounded(operand, wanted))
         pending.push_back({&operand,
                            shlo::withElementType(wanted, analysis.fullType()),
                            /*rounded=*/true});
@@ -319,6 +330,24 @@ Value ConvertRewriter::convertOnce(Value value, Type wanted) {
   return replacement;
 }
 
+/// `value`'s compute-dtype copy, held by a barrier and widened back: a
+/// chain of converts alone would be folded by XLA:GPU's
+/// simplify-fp-conversions into the f32 original (see storeLow).
+Value ConvertRewriter::readCopy(Value value, Type lowType) {
+  Value &widened = widenedCopies[value];
+  if (widened)
+    return widened;
+  Value low = convertOnce(value, lowType);
+  builder.setInsertionPointAfter(low.getDefiningOp());
+  Value held = shlo::buildOptimizationBarrier(builder, value.getLoc(),
+                                              ValueRange{low})
+                   ->getResult(0);
+  widened = shlo::buildConvert(builder, value.getLoc(), held,
+                               shlo::getFloatElementType(value.getType()));
+  mark(widened);
+  return widened;
+}
+
 /// A value stored low is rounded once, right after its producer; its
 /// low-precision readers use the rounded value and its f32 readers one
 /// convert of it back, so nothing reads the f32 original and XLA keeps only
@@ -353,7 +382,9 @@ void ConvertRewriter::storeLow() {
 void ConvertRewriter::insertConverts() {
   for (const PendingUse &use : pending) {
     Value value = use.operand->get();
-    if (!use.rounded)
+    if (use.throughCopy)
+      use.operand->set(readCopy(value, use.wanted));
+    else if (!use.rounded)
       use.operand->set(convertOnce(value, use.wanted));
     else if (value.getType() != use.wanted)
       use.operand->set(convertOnce(value, use.wanted)); // widened: exact

@@ -24,7 +24,9 @@ def AmpInsertConvertsPass : Pass<"amp-insert-converts", "::mlir::ModuleOp"> {
       convert). Custom calls, unknown ops, integers keep their types.
     - What feeds a discrete decision (sort keys, top-k, argmax, a compare
       that picks integers, an index or a branch, a float-to-int convert)
-      stays f32 from the nearest matrix multiply on (`decisions=gate`) or
+      stays f32 from the nearest matrix multiply on (`decisions=gate`;
+      it reads a hidden state that other readers take in the compute
+      dtype as that rounding, widened) or
       back to the inputs (`exact`); what feeds linear algebra, back through
       its producers. Private f32 functions are inlined per call site first.
     - Public functions' f32 arguments take the param dtype (not if marked

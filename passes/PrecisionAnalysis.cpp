@@ -697,6 +697,20 @@ Type PrecisionAnalysis::wantedType(OpOperand &operand) const {
   return it->second.low ? shlo::withElementType(type, compute) : type;
 }
 
+bool PrecisionAnalysis::readsComputeCopy(OpOperand &operand) const {
+  Operation *gate = operand.getOwner();
+  const OpDecision &d = decision(gate);
+  Value value = operand.get();
+  Operation *producer = value.getDefiningOp();
+  if (!shlo::isDotGeneral(gate) || d.reason != Reason::GatesDecision ||
+      !isFull(value) || !producer || shlo::isConstant(producer) ||
+      !decisions.count(producer) || newType(value) != value.getType())
+    return false;
+  return llvm::any_of(value.getUses(), [&](OpOperand &use) {
+    return &use != &operand && !isFull(wantedType(use));
+  });
+}
+
 bool PrecisionAnalysis::lowersBody(Operation *op) const {
   if (!shlo::hasApplierRegions(op))
     return false;

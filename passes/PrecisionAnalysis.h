@@ -82,6 +82,12 @@ public:
   Type newType(Value value) const;
   /// The type `operand`'s owner needs (converted at the use if different).
   Type wantedType(OpOperand &operand) const;
+  /// Whether `operand` is a gate's hidden state: an f32 activation that a
+  /// matrix multiply gating a discrete decision reads, and that another
+  /// reader takes in the compute dtype. The gate reads that rounding,
+  /// widened: the hidden state stays in the compute dtype, the gate's
+  /// weights and arithmetic in f32.
+  bool readsComputeCopy(OpOperand &operand) const;
   /// Values stored low (rounded to the compute dtype right after they are
   /// made and read back in f32 by their f32 users), in program order.
   llvm::ArrayRef<Value> storedValues() const { return storedOrder; }

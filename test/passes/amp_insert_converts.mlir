@@ -374,6 +374,34 @@ func.func public @router(%x: tensor<16x64xf32>, %w: tensor<64x32xf32>, %wr: tens
 
 // -----
 
+// A hidden state made in f32 (here by an exponential, as a layer norm
+// makes one) that the experts' GEMM reads in the compute dtype: the gate
+// reads that rounding too, widened, so the hidden state is written once,
+// in the compute dtype. The barrier keeps XLA from folding the round trip
+// back into the f32 original. decisions=exact reads the f32 original.
+
+// GATE-LABEL: func.func public @router_hidden_state(
+// GATE: %[[H:.*]] = stablehlo.exponential %arg0 : tensor<16x32xf32>
+// GATE-NEXT: %[[L:.*]] = stablehlo.convert %[[H]] : (tensor<16x32xf32>) -> tensor<16x32xbf16>
+// GATE-NEXT: %[[HELD:.*]] = stablehlo.optimization_barrier %[[L]] : tensor<16x32xbf16>
+// GATE-NEXT: %[[W:.*]] = stablehlo.convert %[[HELD]] : (tensor<16x32xbf16>) -> tensor<16x32xf32>
+// GATE: stablehlo.dot_general %[[L]], {{.*}} : (tensor<16x32xbf16>, tensor<32x64xbf16>) -> tensor<16x64xbf16>
+// GATE: stablehlo.dot_general %[[W]], %arg2, {{.*}} : (tensor<16x32xf32>, tensor<32x8xf32>) -> tensor<16x8xf32>
+
+// EXACT-LABEL: func.func public @router_hidden_state(
+// EXACT: %[[H:.*]] = stablehlo.exponential %arg0 : tensor<16x32xf32>
+// EXACT-NOT: stablehlo.optimization_barrier
+// EXACT: stablehlo.dot_general %[[H]], %arg2, {{.*}} : (tensor<16x32xf32>, tensor<32x8xf32>) -> tensor<16x8xf32>
+func.func public @router_hidden_state(%x: tensor<16x32xf32>, %we: tensor<32x64xf32>, %wr: tensor<32x8xf32>) -> (tensor<16x64xf32>, tensor<16x2xi32>) {
+  %h = stablehlo.exponential %x : tensor<16x32xf32>
+  %e = stablehlo.dot_general %h, %we, contracting_dims = [1] x [0] : (tensor<16x32xf32>, tensor<32x64xf32>) -> tensor<16x64xf32>
+  %r = stablehlo.dot_general %h, %wr, contracting_dims = [1] x [0] : (tensor<16x32xf32>, tensor<32x8xf32>) -> tensor<16x8xf32>
+  %values, %indices = chlo.top_k(%r, k = 2) : tensor<16x8xf32> -> (tensor<16x2xf32>, tensor<16x2xi32>)
+  return %e, %indices : tensor<16x64xf32>, tensor<16x2xi32>
+}
+
+// -----
+
 // Softmax's exponential, divided by its own sum and read again across a
 // matrix multiply. On gpu, over rows of a power-of-two length (128 here),
 // XLA fuses the sum and the division with the exponential into one Triton

@@ -166,6 +166,41 @@ def test_decisions_exact_keeps_everything_upstream_and_routes_equal_f32s():
   assert agree >= 0.95, agree
 
 
+def _moe_gate(hidden, scale, w_expert, w_router):
+  """A layer norm makes the hidden state in f32; an expert's GEMM reads it
+  in the compute dtype, and the router's GEMM decides top-2."""
+  centred = hidden - hidden.mean(-1, keepdims=True)
+  normed = centred * jax.lax.rsqrt((centred ** 2).mean(-1, keepdims=True)
+                                   + 1e-6) * scale
+  return normed @ w_expert, jax.lax.top_k(normed @ w_router, 2)[1]
+
+
+def test_the_gate_reads_the_hidden_state_as_the_experts_do():
+  keys = jax.random.split(jax.random.key(4), 3)
+  args = (jax.random.normal(keys[0], (256, 64)), jnp.ones((64,)),
+          jax.random.normal(keys[1], (64, 128)) / 8,
+          jax.random.normal(keys[2], (64, 8)))
+  text = amp.transform(_moe_gate, BF16, target="gpu").lower(*args).as_text()
+  # The router's GEMM stays f32 and reads the experts' bf16 copy, held by a
+  # barrier (or XLA would fold the round trip into the f32 original).
+  held = re.search(r"(%\S+) = stablehlo\.optimization_barrier \S+ : "
+                   r"tensor<256x64xbf16>", text)
+  assert held, text
+  widened = re.search(r"(%\S+) = stablehlo\.convert " +
+                      re.escape(held[1]) + " ", text)
+  assert widened, text
+  assert re.search(r"stablehlo\.dot_general " + re.escape(widened[1]) +
+                   r", .*\(tensor<256x64xf32>, tensor<64x8xf32>\) -> "
+                   r"tensor<256x8xf32>", text), text
+  exact = amp.transform(_moe_gate, BF16, target="gpu", decisions="exact")
+  assert "optimization_barrier" not in exact.lower(*args).as_text()
+  # The routes: those of a bf16 hidden state, nearly all f32's.
+  routes = np.asarray(amp.transform(_moe_gate, BF16, target="cpu",
+                                    level="O2")(*args)[1])
+  f32_routes = np.asarray(jax.jit(_moe_gate)(*args)[1])
+  assert np.mean(routes == f32_routes) >= 0.95
+
+
 def test_an_unknown_decisions_value_names_the_accepted_ones():
   with pytest.raises(ValueError, match=r"unknown decisions 'route' "
                      r"\(accepted: exact, gate\)"):
