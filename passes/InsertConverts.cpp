@@ -71,6 +71,8 @@ private:
   llvm::SmallVector<Operation *> lowConstants;
   /// One convert per (value, type).
   llvm::DenseMap<std::pair<Value, Type>, Value> converted;
+  /// One widened, held copy per value a gate reads.
+  llvm::DenseMap<Value, Value> widenedCopies;
   /// Strict: results in the compute dtype kept f32 (program order), and the
   /// values known to hold compute-dtype values in f32.
   llvm::SmallVector<Value> heldFull;
@@ -98,8 +100,6 @@ private:
   void readStoredAcrossPasses();
   Value convertOnce(Value value, Type wanted);
   Value readCopy(Value value, Type lowType);
-  /// One widened, held copy per value a gate reads.
-  llvm::DenseMap<Value, Value> widenedCopies;
   void eraseDeadConstants();
   void updateSignatures();
   void canonicalizeCpuDots();

@@ -803,25 +803,25 @@ bool PrecisionAnalysis::dividedByItsOwnSum(Value value) const {
       row *= type.getDimSize(dim);
     return llvm::isPowerOf2_64(row);
   };
-  llvm::SmallPtrSet<Operation *, 2> sums;
+  llvm::SmallVector<Operation *, 2> sums;
   for (Operation *user : value.getUsers())
     if (shlo::is(user, "reduce") && decision(user).cls == OpClass::Deny &&
         rowsFuse(user))
-      sums.insert(user);
-  if (sums.empty())
-    return false;
-  // The divisor: a sum, through the reshapes and broadcasts of keepdims.
+      sums.push_back(user);
+  // The divisor: a sum of its rows, broadcast back over them.
   auto isSum = [&](Value divisor) {
-    Operation *def = divisor.getDefiningOp();
-    while (def && (shlo::is(def, "broadcast_in_dim") || shlo::is(def, "reshape")))
-      def = def->getOperand(0).getDefiningOp();
-    return def && sums.contains(def);
+    return llvm::any_of(sums, [&](Operation *sum) {
+      return shlo::broadcastsRowsBack(
+          divisor, sum->getResult(0),
+          sum->getAttrOfType<DenseI64ArrayAttr>("dimensions").asArrayRef());
+    });
   };
-  return llvm::any_of(value.getUses(), [&](OpOperand &use) {
-    Operation *user = use.getOwner();
-    return shlo::is(user, "divide") && use.getOperandNumber() == 0 &&
-           isSum(user->getOperand(1));
-  });
+  return !sums.empty() &&
+         llvm::any_of(value.getUses(), [&](OpOperand &use) {
+           Operation *user = use.getOwner();
+           return shlo::is(user, "divide") && use.getOperandNumber() == 0 &&
+                  isSum(user->getOperand(1));
+         });
 }
 
 /// Elementwise arithmetic without transcendentals, and data movement.

@@ -164,76 +164,6 @@ bool isZeroConstant(Value value) {
   return dense && dense.isSplat() && dense.getSplatValue<APFloat>().isZero();
 }
 
-/// Whether `divisor` is `sum`, a reduction of a tensor shaped like
-/// `divisor` over `reduced`, broadcast back over exactly those dimensions
-/// (through the broadcasts and unit-dimension reshapes of keepdims): each
-/// element is divided by the sum of its own row.
-bool broadcastsRowsBack(Value divisor, Value sum,
-                        llvm::ArrayRef<int64_t> reduced) {
-  auto full = dyn_cast<RankedTensorType>(divisor.getType());
-  if (!full || !full.hasStaticShape())
-    return false;
-  // source[j]: the dimension of `current` that dimension j of `divisor`
-  // comes from, or -1 where a broadcast made it.
-  llvm::SmallVector<int64_t> source = llvm::to_vector(
-      llvm::seq<int64_t>(0, full.getRank()));
-  Value current = divisor;
-  while (current != sum) {
-    Operation *def = current.getDefiningOp();
-    if (!def || def->getNumOperands() != 1)
-      return false;
-    auto from = dyn_cast<RankedTensorType>(def->getOperand(0).getType());
-    auto to = cast<RankedTensorType>(current.getType());
-    if (!from || !from.hasStaticShape())
-      return false;
-    // origin[d]: the operand dimension that result dimension d comes from.
-    llvm::SmallVector<int64_t> origin(to.getRank(), -1);
-    if (shlo::is(def, "broadcast_in_dim")) {
-      auto dims = def->getAttrOfType<DenseI64ArrayAttr>("broadcast_dimensions");
-      if (!dims)
-        return false;
-      for (auto [i, d] : llvm::enumerate(dims.asArrayRef()))
-        if (from.getDimSize(i) == to.getDimSize(d))
-          origin[d] = i;
-    } else if (shlo::is(def, "reshape")) {
-      // Only reshapes that add or drop unit dimensions.
-      auto nonUnit = [](RankedTensorType type) {
-        llvm::SmallVector<int64_t> dims;
-        for (int64_t d = 0; d < type.getRank(); ++d)
-          if (type.getDimSize(d) != 1)
-            dims.push_back(d);
-        return dims;
-      };
-      llvm::SmallVector<int64_t> a = nonUnit(from), b = nonUnit(to);
-      if (a.size() != b.size())
-        return false;
-      for (auto [i, d] : llvm::zip(a, b)) {
-        if (from.getDimSize(i) != to.getDimSize(d))
-          return false;
-        origin[d] = i;
-      }
-    } else {
-      return false;
-    }
-    for (int64_t &j : source)
-      if (j >= 0)
-        j = origin[j];
-    current = def->getOperand(0);
-  }
-  // The sum's dimensions are the others, in order. (A unit dimension is
-  // one element either way.)
-  int64_t position = 0;
-  for (int64_t j = 0; j < full.getRank(); ++j) {
-    bool isReduced = llvm::is_contained(reduced, j);
-    if (full.getDimSize(j) != 1 &&
-        (isReduced ? source[j] != -1 : source[j] != position))
-      return false;
-    if (!isReduced)
-      ++position;
-  }
-  return true;
-}
-
 std::optional<int64_t> byteSize(Type type) {
   auto shaped = dyn_cast<ShapedType>(type);
   if (!shaped || !shaped.hasStaticShape() || !shaped.getElementType().isIntOrFloat())
@@ -434,8 +364,8 @@ ResidualPlan::softmaxFrameOf(Operation *exponential) const {
   for (Operation *user : exponentials.getUsers())
     if (user->getBlock() == block && shlo::is(user, "divide") &&
         user->getOperand(0) == exponentials &&
-        broadcastsRowsBack(user->getOperand(1), sum->getResult(0),
-                           reduced.asArrayRef()))
+        shlo::broadcastsRowsBack(user->getOperand(1), sum->getResult(0),
+                                 reduced.asArrayRef()))
       quotient = user;
   if (!quotient)
     return std::nullopt;

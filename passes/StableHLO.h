@@ -151,6 +151,12 @@ std::optional<int64_t> numElements(Type type);
 /// True if every element of `value` is one number: a splat constant, or a
 /// broadcast (through reshapes and converts) of a one-element tensor.
 bool isScalarSplat(Value value);
+/// Whether `divisor` is `sum`, a reduction of a tensor shaped like
+/// `divisor` over `reduced`, broadcast back over exactly those dimensions
+/// (through the broadcasts and unit-dimension reshapes of keepdims): each
+/// element is divided by the sum of its own row.
+bool broadcastsRowsBack(Value divisor, Value sum,
+                        llvm::ArrayRef<int64_t> reduced);
 
 //===----------------------------------------------------------------------===//
 // dot_general dimension numbers
