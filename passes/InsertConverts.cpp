@@ -99,6 +99,10 @@ private:
   void insertConverts();
   void readStoredAcrossPasses();
   Value convertOnce(Value value, Type wanted);
+  struct HeldCopy {
+    Value low, held, back;
+  };
+  HeldCopy holdLowCopy(Value value, Type lowType);
   Value readCopy(Value value, Type lowType);
   void eraseDeadConstants();
   void updateSignatures();
@@ -330,21 +334,28 @@ Value ConvertRewriter::convertOnce(Value value, Type wanted) {
   return replacement;
 }
 
-/// `value`'s compute-dtype copy, held by a barrier and widened back: a
-/// chain of converts alone would be folded by XLA:GPU's
-/// simplify-fp-conversions into the f32 original (see storeLow).
-Value ConvertRewriter::readCopy(Value value, Type lowType) {
-  Value &widened = widenedCopies[value];
-  if (widened)
-    return widened;
+/// `value` rounded to `lowType` (one convert per value and type), held by
+/// an optimization barrier, and that held copy widened back to `value`'s
+/// type. A chain of converts alone would be folded by XLA:GPU's
+/// simplify-fp-conversions into the original (see storeLow).
+ConvertRewriter::HeldCopy ConvertRewriter::holdLowCopy(Value value,
+                                                       Type lowType) {
   Value low = convertOnce(value, lowType);
   builder.setInsertionPointAfter(low.getDefiningOp());
   Value held = shlo::buildOptimizationBarrier(builder, value.getLoc(),
                                               ValueRange{low})
                    ->getResult(0);
-  widened = shlo::buildConvert(builder, value.getLoc(), held,
-                               shlo::getFloatElementType(value.getType()));
-  mark(widened);
+  Value back = shlo::buildConvert(builder, value.getLoc(), held,
+                                  shlo::getFloatElementType(value.getType()));
+  mark(back);
+  return {low, held, back};
+}
+
+/// The copy a gate reads: `value`'s compute-dtype rounding, widened.
+Value ConvertRewriter::readCopy(Value value, Type lowType) {
+  Value &widened = widenedCopies[value];
+  if (!widened)
+    widened = holdLowCopy(value, lowType).back;
   return widened;
 }
 
@@ -361,21 +372,15 @@ void ConvertRewriter::storeLow() {
   for (auto [index, stored] : llvm::enumerate(analysis.storedValues())) {
     Value value = stored;
     Type lowType = shlo::withElementType(value.getType(), compute);
-    Value low = convertOnce(value, lowType);
+    HeldCopy copy = holdLowCopy(value, lowType);
+    Value low = copy.low, back = copy.back;
     shlo::markDecision(low.getDefiningOp(), attr::kStoredMarker, index);
-    builder.setInsertionPointAfter(low.getDefiningOp());
-    Value held = shlo::buildOptimizationBarrier(builder, value.getLoc(),
-                                                ValueRange{low})
-                     ->getResult(0);
-    Value back = shlo::buildConvert(builder, value.getLoc(), held,
-                                    analysis.fullType());
-    mark(back);
     value.replaceUsesWithIf(back, [&](OpOperand &use) {
       return use.getOwner() != low.getDefiningOp();
     });
     // Readers that want the compute dtype read the rounded value itself.
     converted[{back, lowType}] = low;
-    heldCopies.push_back({low, held});
+    heldCopies.push_back({low, copy.held});
   }
 }
 

@@ -793,27 +793,26 @@ bool PrecisionAnalysis::mayStoreLow(
 bool PrecisionAnalysis::dividedByItsOwnSum(Value value) const {
   if (opts.target != Target::Gpu)
     return false;
-  auto rowsFuse = [&](Operation *sum) {
-    auto reduced = sum->getAttrOfType<DenseI64ArrayAttr>("dimensions");
-    auto type = dyn_cast<ShapedType>(value.getType());
-    if (!reduced || !type || !type.hasStaticShape())
-      return false;
+  auto type = dyn_cast<ShapedType>(value.getType());
+  if (!type || !type.hasStaticShape())
+    return false;
+  // The sums over rows that fuse, with the dimensions each reduces.
+  llvm::SmallVector<std::pair<Value, llvm::ArrayRef<int64_t>>, 2> sums;
+  for (Operation *user : value.getUsers()) {
+    auto reduced = user->getAttrOfType<DenseI64ArrayAttr>("dimensions");
+    if (!shlo::is(user, "reduce") || !reduced ||
+        decision(user).cls != OpClass::Deny)
+      continue;
     int64_t row = 1;
     for (int64_t dim : reduced.asArrayRef())
       row *= type.getDimSize(dim);
-    return llvm::isPowerOf2_64(row);
-  };
-  llvm::SmallVector<Operation *, 2> sums;
-  for (Operation *user : value.getUsers())
-    if (shlo::is(user, "reduce") && decision(user).cls == OpClass::Deny &&
-        rowsFuse(user))
-      sums.push_back(user);
+    if (llvm::isPowerOf2_64(row))
+      sums.push_back({user->getResult(0), reduced.asArrayRef()});
+  }
   // The divisor: a sum of its rows, broadcast back over them.
   auto isSum = [&](Value divisor) {
-    return llvm::any_of(sums, [&](Operation *sum) {
-      return shlo::broadcastsRowsBack(
-          divisor, sum->getResult(0),
-          sum->getAttrOfType<DenseI64ArrayAttr>("dimensions").asArrayRef());
+    return llvm::any_of(sums, [&](const auto &sum) {
+      return shlo::broadcastsRowsBack(divisor, sum.first, sum.second);
     });
   };
   return !sums.empty() &&

@@ -420,7 +420,7 @@ bool shlo::isScalarSplat(Value value) {
 }
 
 bool shlo::broadcastsRowsBack(Value divisor, Value sum,
-                        llvm::ArrayRef<int64_t> reduced) {
+                              llvm::ArrayRef<int64_t> reduced) {
   auto full = dyn_cast<RankedTensorType>(divisor.getType());
   if (!full || !full.hasStaticShape())
     return false;
